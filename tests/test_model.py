@@ -1,0 +1,195 @@
+"""The model is the standard ViT of the notes: shapes, parameter count, timm equivalence, attention."""
+
+import pytest
+import torch
+from einops import rearrange
+from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+import vit
+from vit.model import Block, ViTConfig
+
+CONFIGS = [
+    dict(image_size=32, patch_size=4, in_channels=3, num_classes=10, dim=48, depth=2, heads=3),
+    dict(image_size=28, patch_size=7, in_channels=1, num_classes=7, dim=32, depth=3, heads=4),
+    dict(image_size=16, patch_size=8, in_channels=4, num_classes=100, dim=24, depth=1, heads=2, mlp_ratio=2.5),
+]
+
+
+def closed_form_param_count(image_size, patch_size, in_channels, num_classes, dim, depth, heads, mlp_ratio=4.0):
+    P, C, D, K, L = patch_size, in_channels, dim, num_classes, depth
+    N = (image_size // patch_size) ** 2
+    D_ff = int(mlp_ratio * D)
+    # per block: 2 LayerNorms (4D) + W^{Q,K,V} (3D² + 3D) + W^o (D² + D) + MLP (2·D·D_ff + D_ff + D)
+    block = 4 * D + 3 * D * D + 3 * D + D * D + D + 2 * D * D_ff + D_ff + D
+    if mlp_ratio == 4.0:
+        assert block == 12 * D * D + 13 * D  # the notes' closed form
+    return P * P * C * D + D + D + (N + 1) * D + L * block + 2 * D + D * K + K
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_shapes_and_attention_maps(cfg):
+    model = vit.VisionTransformer(**cfg).eval()
+    x = torch.randn(5, cfg["in_channels"], cfg["image_size"], cfg["image_size"])
+    logits, attentions = model(x, return_attention=True)
+    n_tokens = (cfg["image_size"] // cfg["patch_size"]) ** 2 + 1
+    assert logits.shape == (5, cfg["num_classes"])
+    assert len(attentions) == cfg["depth"]
+    for attn in attentions:
+        assert attn.shape == (5, cfg["heads"], n_tokens, n_tokens)
+        torch.testing.assert_close(attn.sum(-1), torch.ones(5, cfg["heads"], n_tokens))
+        assert (attn >= 0).all()
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_parameter_count_matches_closed_form(cfg):
+    model = vit.VisionTransformer(**cfg)
+    assert sum(p.numel() for p in model.parameters()) == closed_form_param_count(**cfg)
+
+
+def test_presets_are_cifar_sized():
+    for name in ("vit_tiny", "vit_small", "vit_base"):
+        model = vit.create_model(name, depth=1)
+        assert model.config.patch_size == 4 and model.config.image_size == 32
+        assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    assert vit.create_model("vit_small").config.dim == 384
+    with pytest.raises(ValueError, match="unknown preset"):
+        vit.create_model("vit_huge_typo")
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(image_size=30, patch_size=4), "not divisible by patch_size"),
+        (dict(dim=100, heads=3), "not divisible by heads"),
+        (dict(depth=0), "depth must be a positive integer"),
+        (dict(patch_size=-4), "patch_size must be a positive integer"),
+        (dict(num_classes=0), "num_classes"),
+        (dict(dim=2.5), "dim must be a positive integer"),
+        (dict(mlp_ratio=0.0), "mlp_ratio"),
+        (dict(dropout=1.5), "dropout"),
+    ],
+)
+def test_bad_configuration_is_a_clear_value_error(bad, message):
+    with pytest.raises(ValueError, match=message):
+        vit.VisionTransformer(**bad)
+
+
+def test_wrong_input_shape_is_a_clear_error():
+    model = vit.VisionTransformer(dim=32, depth=1, heads=2)
+    with pytest.raises(ValueError, match="expected images of shape"):
+        model(torch.randn(2, 1, 32, 32))
+
+
+def _random_timm(cfg, seed):
+    torch.manual_seed(seed)
+    timm_model = TimmViT(
+        img_size=cfg["image_size"], patch_size=cfg["patch_size"], in_chans=cfg["in_channels"],
+        num_classes=cfg["num_classes"], embed_dim=cfg["dim"], depth=cfg["depth"],
+        num_heads=cfg["heads"], mlp_ratio=cfg.get("mlp_ratio", 4.0),
+    ).eval()
+    with torch.no_grad():  # timm's init leaves LayerNorms at 1/0 and [cls] near 0: perturb everything
+        for p in timm_model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return timm_model
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_equivalent_to_timm_after_loading_its_weights(cfg):
+    timm_model = _random_timm(cfg, seed=0)
+    model = vit.VisionTransformer(**cfg).eval()
+    vit.load_timm_state_dict(model, timm_model.state_dict())
+    x = torch.randn(4, cfg["in_channels"], cfg["image_size"], cfg["image_size"])
+    with torch.no_grad():
+        expected = timm_model(x)
+        torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(model(x, return_attention=True)[0], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_patch_embedding_matches_the_strided_convolution():
+    cfg = CONFIGS[0]
+    timm_model = _random_timm(cfg, seed=1)
+    model = vit.VisionTransformer(**cfg)
+    vit.load_timm_state_dict(model, timm_model.state_dict())
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        conv = rearrange(timm_model.patch_embed.proj(x), "b d h w -> b (h w) d")
+        torch.testing.assert_close(model.patch_embedding(x), conv, atol=1e-5, rtol=1e-5)
+
+
+def test_timm_mismatch_names_the_offending_keys():
+    cfg = CONFIGS[0]
+    state = _random_timm(cfg, seed=0).state_dict()
+    model = vit.VisionTransformer(**{**cfg, "num_classes": 5})
+    with pytest.raises(ValueError, match=r"head\.weight: checkpoint \(10, 48\) vs model \(5, 48\)"):
+        vit.load_timm_state_dict(model, state)
+    del state["blocks.1.norm1.weight"]
+    state["reg_token"] = torch.zeros(1, 1, 48)
+    with pytest.raises(ValueError, match=r"missing keys: blocks\.1\.norm1\.weight.*unexpected keys: reg_token"):
+        vit.load_timm_state_dict(vit.VisionTransformer(**cfg), state)
+
+
+def test_fused_and_explicit_attention_paths_agree_in_training_mode_without_dropout():
+    torch.manual_seed(0)
+    model = vit.VisionTransformer(dim=32, depth=2, heads=4).train()
+    x = torch.randn(3, 3, 32, 32)
+    fused = model(x)
+    explicit, _ = model(x, return_attention=True)
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
+
+
+def test_block_without_pos_embedding_is_permutation_equivariant():
+    torch.manual_seed(0)
+    block = Block(ViTConfig(dim=32, heads=4)).eval()
+    x = torch.randn(2, 17, 32)
+    perm = torch.randperm(17)
+    with torch.no_grad():
+        torch.testing.assert_close(block(x[:, perm])[0], block(x)[0][:, perm], atol=1e-5, rtol=1e-5)
+
+
+def test_patch_order_matters_only_through_pos_embedding():
+    torch.manual_seed(0)
+    model = vit.VisionTransformer(image_size=16, patch_size=4, dim=32, depth=2, heads=4).eval()
+    x = torch.randn(2, 3, 16, 16)
+    # shuffle whole 4×4 patches of the image
+    patches = rearrange(x, "b c (h p1) (w p2) -> b (h w) c p1 p2", p1=4, p2=4)
+    shuffled = rearrange(patches[:, torch.randperm(16)], "b (h w) c p1 p2 -> b c (h p1) (w p2)", h=4)
+    with torch.no_grad():
+        assert not torch.allclose(model(x), model(shuffled), atol=1e-4)  # E_pos breaks the symmetry
+        model.pos_embedding.zero_()
+        torch.testing.assert_close(model(x), model(shuffled), atol=1e-5, rtol=1e-5)
+
+
+def test_no_weight_decay_set_is_norms_biases_pos_and_cls():
+    model = vit.VisionTransformer(dim=32, depth=2, heads=4)
+    skip = model.no_weight_decay()
+    assert {"cls_token", "pos_embedding", "norm.weight", "head.bias", "blocks.0.norm1.bias"} <= skip
+    decayed = {n for n, _ in model.named_parameters()} - skip
+    assert decayed == {n for n, p in model.named_parameters() if p.ndim == 2}
+
+
+def test_initialisation_follows_timm():
+    torch.manual_seed(0)
+    model = vit.VisionTransformer(dim=192, depth=2, heads=3)
+    assert model.pos_embedding.std().item() == pytest.approx(0.02, rel=0.1)
+    assert model.cls_token.abs().max().item() < 1e-4
+    assert model.blocks[0].attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    assert model.blocks[0].attn.qkv.bias.abs().sum().item() == 0
+
+
+def test_tiny_model_overfits_random_labels():
+    torch.manual_seed(0)
+    x = torch.randn(64, 3, 16, 16)
+    y = torch.randint(0, 10, (64,))
+    model = vit.VisionTransformer(image_size=16, patch_size=4, dim=64, depth=2, heads=4)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    for step in range(300):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 25 == 24:
+            with torch.no_grad():
+                acc = (model(x).argmax(-1) == y).float().mean().item()
+            if acc >= 0.95:
+                break
+    assert acc >= 0.95, f"train accuracy {acc:.2f} after {step + 1} steps"
