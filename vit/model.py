@@ -19,6 +19,7 @@ __all__ = [
     "VisionTransformer",
     "PRESETS",
     "create_model",
+    "load_pretrained",
     "load_timm_state_dict",
     "timm_state_dict_to_vit",
 ]
@@ -280,3 +281,34 @@ def load_timm_state_dict(model: VisionTransformer, state_dict: dict[str, torch.T
     if problems:
         raise ValueError("timm state dict does not fit this model — " + " | ".join(problems))
     model.load_state_dict(converted)
+
+
+def load_pretrained(model: VisionTransformer, source: str) -> None:
+    """Fine-tuning start: timm ViT weights from a local .pth/.safetensors state dict, or a timm model
+    name (downloaded by timm). E_pos is resampled to this model's patch grid (timm's
+    ``resample_abs_pos_embed``); a head of another shape is dropped and keeps our initialisation."""
+    from pathlib import Path
+
+    path = Path(source)
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(path)
+    elif path.suffix in (".pth", ".pt", ".bin"):
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = state.get("state_dict", state.get("model", state))
+    else:
+        import timm
+
+        state = timm.create_model(source, pretrained=True, num_classes=0).state_dict()
+    own = model.state_dict()
+    pos = state.get("pos_embed")
+    if pos is not None and pos.shape != own["pos_embedding"].shape:
+        from timm.layers import resample_abs_pos_embed
+
+        grid = model.config.image_size // model.config.patch_size
+        state["pos_embed"] = resample_abs_pos_embed(pos, [grid, grid], num_prefix_tokens=1)
+    for key in ("head.weight", "head.bias"):
+        if key not in state or state[key].shape != own[key].shape:
+            state[key] = own[key]
+    load_timm_state_dict(model, state)

@@ -1,0 +1,75 @@
+"""`python scripts/train.py`: LightningCLI that fits, then tests the best checkpoint on one process."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.plugins.environments import LightningEnvironment
+from lightning.pytorch.utilities import rank_zero_info
+
+from vit.data import DatasetError
+from vit.training import ViTClassifier, WandbLogger
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "vit_cifar10.yaml"
+
+
+class ViTCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser):
+        parser.add_argument("--ckpt_path", default=None,
+                            help="resume from this checkpoint, or 'last' for the run's last.ckpt")
+        parser.add_argument("--test_after_fit", type=bool, default=True,
+                            help="test the best checkpoint on the test set when fit ends")
+        parser.link_arguments("model.image_size", "data.init_args.image_size")
+        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+
+
+def _resume_wandb(trainer: L.Trainer, ckpt_path: str | None) -> None:
+    """A resumed training continues the W&B run its checkpoint was logged to."""
+    if not ckpt_path or not isinstance(trainer.logger, WandbLogger):
+        return
+    path = trainer._checkpoint_connector._parse_ckpt_path(trainer.state.fn, ckpt_path, True, False)
+    if path and Path(path).is_file():
+        run_id = torch.load(path, map_location="cpu", weights_only=True).get("vit", {}).get("wandb_run_id")
+        if run_id:
+            trainer.logger.resume(run_id)
+
+
+def test_on_one_process(cli: LightningCLI) -> None:
+    """Test the best checkpoint on a single process, so each test image counts exactly once."""
+    trainer = cli.trainer
+    ckpt = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else None
+    if trainer.world_size > 1:
+        if not trainer.is_global_zero:
+            return
+        torch.distributed.destroy_process_group()
+    tester = L.Trainer(accelerator=trainer.accelerator, devices=1, num_nodes=1, logger=trainer.logger,
+                       precision=trainer.precision_plugin.precision, plugins=[LightningEnvironment()],
+                       callbacks=[], enable_checkpointing=False, default_root_dir=trainer.default_root_dir)
+    (metrics,) = tester.test(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt or None, verbose=False)
+    rank_zero_info(f"test on {len(cli.datamodule.test_set)} images with {ckpt or 'the final weights'}: "
+                   f"top-1 {100 * metrics['test/acc']:.2f}%, top-5 {100 * metrics['test/acc5']:.2f}%")
+
+
+def main(args: list[str] | None = None) -> int:
+    from_argv = args is None
+    args = list(sys.argv[1:] if from_argv else args)
+    if not any(a in ("-h", "--help") or a.split("=")[0] in ("--config", "--print_config") for a in args):
+        args = ["--config", str(DEFAULT_CONFIG), *args]
+    if from_argv:  # LightningCLI reads sys.argv itself (and so does a DDP launcher re-running us)
+        sys.argv[1:], args = args, None
+    try:
+        cli = ViTCLI(ViTClassifier, L.LightningDataModule, subclass_mode_data=True, run=False, args=args,
+                     save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False)
+        ckpt_path = cli.config.get("ckpt_path")
+        _resume_wandb(cli.trainer, ckpt_path)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+        if cli.config.get("test_after_fit") and not cli.trainer.interrupted:
+            test_on_one_process(cli)
+    except (DatasetError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
