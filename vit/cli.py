@@ -10,6 +10,7 @@ import torch
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.environments import LightningEnvironment
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from vit.data import DatasetError
 from vit.training import ViTClassifier, WandbLogger
@@ -69,7 +70,7 @@ def main(args: list[str] | None = None) -> int:
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
         if cli.config.get("test_after_fit") and not cli.trainer.interrupted:
             test_on_one_process(cli)
-    except (DatasetError, ValueError, FileNotFoundError) as e:
+    except (DatasetError, ValueError, FileNotFoundError, MisconfigurationException) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

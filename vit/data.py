@@ -230,10 +230,10 @@ class CIFAR10DataModule(L.LightningDataModule):
 
     # --- loaders ---------------------------------------------------------------------------
     def _loader(self, dataset, train: bool) -> DataLoader:
-        workers = self.hparams.num_workers
+        # Workers are not persistent: each epoch's workers are seeded from that epoch's RNG state,
+        # which is what makes a resumed run identical to an uninterrupted one (training.EpochSeed).
         return DataLoader(dataset, batch_size=self.hparams.batch_size, shuffle=train, drop_last=train,
-                          num_workers=workers, pin_memory=torch.cuda.is_available(),
-                          persistent_workers=workers > 0)
+                          num_workers=self.hparams.num_workers, pin_memory=torch.cuda.is_available())
 
     def train_dataloader(self):
         return self._loader(self.train_set, train=True)

@@ -94,15 +94,15 @@ class ViTClassifier(L.LightningModule):
             self.random_erasing = RandomErasing(random_erasing, mode="pixel", device="cpu")
 
         top5 = min(5, num_classes)
-        self.train_acc = MulticlassAccuracy(num_classes, top_k=1)
+        self.train_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.train_loss = MeanMetric()
-        self.val_acc = MulticlassAccuracy(num_classes, top_k=1)
-        self.val_acc5 = MulticlassAccuracy(num_classes, top_k=top5)
+        self.val_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.val_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
         self.val_loss = MeanMetric()
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # survives a resume
-        self.test_acc = MulticlassAccuracy(num_classes, top_k=1)
-        self.test_acc5 = MulticlassAccuracy(num_classes, top_k=top5)
+        self.test_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.test_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
         self.test_loss = MeanMetric()
 
     # --- the model as inference sees it -----------------------------------------------------
@@ -179,6 +179,11 @@ class ViTClassifier(L.LightningModule):
                                       warmup_prefix=True, t_in_epochs=False)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    def configure_callbacks(self):
+        from lightning.pytorch.callbacks import LearningRateMonitor
+
+        return [EpochSeed()] + ([LearningRateMonitor("step")] if self.trainer.loggers else [])
+
     def lr_scheduler_step(self, scheduler, metric):
         scheduler.step_update(num_updates=self.global_step)  # timm schedulers step by update count
 
@@ -207,6 +212,50 @@ class ViTClassifier(L.LightningModule):
             self.class_names = list(checkpoint["vit"]["class_names"])
         state = checkpoint.get("state_dict", {})  # a compiled model saves the same keys via .compile()
         checkpoint["state_dict"] = {k.replace("model._orig_mod.", "model."): v for k, v in state.items()}
+
+
+class EpochSeed(L.Callback):
+    """Seed every RNG from (run seed, epoch, rank) right before each epoch's train iterator is made,
+    so the shuffle, the workers' augmentations, dropout and Mixup/CutMix of an epoch depend only on
+    that epoch: a run resumed from an epoch-end checkpoint continues exactly as an uninterrupted one.
+
+    Lightning makes the first epoch's iterator of a ``fit`` early (``configure_optimizers`` asks for
+    ``estimated_stepping_batches``), after ``setup`` and the checkpoint restore; later epochs' after
+    ``on_train_epoch_start``. Hence: seed epoch 0 in ``setup``, the resumed epoch in
+    ``load_state_dict``, and every later epoch at its start.
+    """
+
+    def __init__(self):
+        self.start_epoch = self.next_epoch = 0
+
+    def _seed(self, epoch: int) -> None:
+        seed = (self.base_seed + 1_000_003 * epoch + 7919 * self.rank) % 2**31
+        L.seed_everything(seed, workers=True, verbose=False)
+        os.environ["PL_GLOBAL_SEED"] = str(self.base_seed)
+
+    def setup(self, trainer, pl_module, stage):
+        if stage == "fit":
+            self.base_seed, self.rank = int(os.environ.get("PL_GLOBAL_SEED", 0)), trainer.global_rank
+            self._seed(self.start_epoch)
+
+    def load_state_dict(self, state_dict):
+        self.start_epoch = state_dict.get("next_epoch", 0)
+        if hasattr(self, "base_seed"):
+            self._seed(self.start_epoch)
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        if trainer.current_epoch != self.start_epoch:  # the first epoch of this fit is seeded already
+            self._seed(trainer.current_epoch)
+
+    def on_validation_end(self, trainer, pl_module):  # epoch-end checkpoints are written here
+        if not trainer.sanity_checking:
+            self.next_epoch = trainer.current_epoch + 1
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.next_epoch = trainer.current_epoch + 1
+
+    def state_dict(self):
+        return {"next_epoch": self.next_epoch}
 
 
 def wandb_credentials_present() -> bool:
