@@ -134,3 +134,17 @@ def test_ddp_two_processes_on_cpu(tmp_path, fake_cifar_session):
     with torch.no_grad():
         correct = sum((model(x).argmax(-1) == y).sum().item() for x, y in dm.val_dataloader())
     assert correct / len(dm.val_set) == pytest.approx(ddp_acc, abs=1e-6)
+
+
+def test_resumed_run_continues_the_same_wandb_run(tmp_path, fake_cifar_session):
+    args = ["--trainer.max_epochs", "2", "--test_after_fit", "false"]
+    first = train(tmp_path, fake_cifar_session, *args, "--trainer.callbacks+=callbacks.StopAfterEpoch",
+                  "--trainer.callbacks.epoch", "0")
+    assert first.returncode == 0, first.stderr[-2000:]
+    run_id = load(tmp_path / "runs/smoke/checkpoints/last.ckpt")["vit"]["wandb_run_id"]
+    resumed = train(tmp_path, fake_cifar_session, *args, "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    ckpt = load(tmp_path / "runs/smoke/checkpoints/last.ckpt")
+    assert ckpt["epoch"] == 1 and ckpt["vit"]["wandb_run_id"] == run_id
+    runs = sorted((tmp_path / "runs" / "smoke" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(r.name.endswith(run_id) for r in runs)

@@ -28,13 +28,24 @@ class ViTCLI(LightningCLI):
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
 
 
-def _resume_wandb(trainer: L.Trainer, ckpt_path: str | None) -> None:
+def resolve_ckpt_path(trainer: L.Trainer, ckpt_path: str | None) -> str | None:
+    """'last' → the newest last*.ckpt in the checkpoint folders (None: nothing to resume yet)."""
+    if ckpt_path != "last":
+        if ckpt_path and not Path(ckpt_path).is_file():
+            raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no such checkpoint file")
+        return ckpt_path
+    found = [p for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)
+             for p in Path(cb.dirpath).glob(f"{cb.CHECKPOINT_NAME_LAST}*.ckpt")]
+    if not found:
+        rank_zero_info("--ckpt_path last: no last checkpoint yet, starting from scratch")
+        return None
+    return str(max(found, key=lambda p: p.stat().st_mtime))
+
+
+def resume_wandb(trainer: L.Trainer, ckpt_path: str | None) -> None:
     """A resumed training continues the W&B run its checkpoint was logged to."""
-    if not ckpt_path or not isinstance(trainer.logger, WandbLogger):
-        return
-    path = trainer._checkpoint_connector._parse_ckpt_path(trainer.state.fn, ckpt_path, True, False)
-    if path and Path(path).is_file():
-        run_id = torch.load(path, map_location="cpu", weights_only=True).get("vit", {}).get("wandb_run_id")
+    if ckpt_path and isinstance(trainer.logger, WandbLogger):
+        run_id = torch.load(ckpt_path, map_location="cpu", weights_only=True).get("vit", {}).get("wandb_run_id")
         if run_id:
             trainer.logger.resume(run_id)
 
@@ -65,8 +76,8 @@ def main(args: list[str] | None = None) -> int:
     try:
         cli = ViTCLI(ViTClassifier, L.LightningDataModule, subclass_mode_data=True, run=False, args=args,
                      save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False)
-        ckpt_path = cli.config.get("ckpt_path")
-        _resume_wandb(cli.trainer, ckpt_path)
+        ckpt_path = resolve_ckpt_path(cli.trainer, cli.config.get("ckpt_path"))
+        resume_wandb(cli.trainer, ckpt_path)
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
         if cli.config.get("test_after_fit") and not cli.trainer.interrupted:
             test_on_one_process(cli)

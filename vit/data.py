@@ -4,7 +4,8 @@ The pipeline has three separable stages:
   1. store  — the whole dataset decoded once into a uint8 tensor N×3×H×W (CIFAR) or read from disk;
   2. augment — per-sample uint8 transforms (crop+flip, AutoAugment/RandAugment) in DataLoader workers;
   3. normalise (+ random erasing, Mixup/CutMix) — per batch on the device, in the LightningModule.
-Batches are therefore uint8 images and integer labels; ``mean``/``std`` travel with the model.
+Batches are therefore uint8 images and integer labels; ``mean``/``std`` belong to the model
+(``ViTClassifier``), so a checkpoint preprocesses exactly as training did.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision.transforms import v2
+
+from vit.images import find_images, load_image
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -167,7 +170,6 @@ class CIFAR10DataModule(L.LightningDataModule):
             raise ValueError(f"val_size must be non-negative, got {val_size}")
         train_transform(32, crop_padding, hflip, auto_augment)  # validate the choice now
         self.root = Path(root)
-        self.mean, self.std = CIFAR10_MEAN, CIFAR10_STD
         self.classes: list[str] | None = None
 
     # --- stage 1 ---------------------------------------------------------------------------
@@ -243,3 +245,68 @@ class CIFAR10DataModule(L.LightningDataModule):
 
     def test_dataloader(self):
         return self._loader(self.test_set, train=False)
+
+
+class ImageFileDataset(Dataset):
+    def __init__(self, files: list[Path], labels: list[int], transform):
+        self.files, self.labels, self.transform = files, torch.tensor(labels, dtype=torch.int64), transform
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i):
+        return self.transform(load_image(self.files[i])), self.labels[i]
+
+
+class ImageFolderDataModule(CIFAR10DataModule):
+    """Your own images, one folder per class: ``root/train/<class>/*`` and optionally ``root/val/``
+    and ``root/test/`` with the same class folders (without ``val/``, ``val_size`` images are split
+    off ``train/``, stratified; without ``test/``, testing uses the validation images). Images of any
+    size and mode are resized to ``image_size``×``image_size``, then augmented like CIFAR-10."""
+
+    def __init__(self, root: str = "data/images", batch_size: int = 64, val_size: int = 0, num_workers: int = 4,
+                 seed: int = 0, image_size: int = 224, crop_padding: int = 0, hflip: bool = True,
+                 auto_augment: str | None = None):
+        super().__init__(root, batch_size, val_size, num_workers, seed, image_size, crop_padding, hflip,
+                         auto_augment, download=False)
+        train = self.root / "train"
+        if not train.is_dir():
+            raise DatasetError(f"{train} is not a folder: expected {self.root}/train/<class>/<images>")
+        self.classes = sorted(d.name for d in train.iterdir() if d.is_dir())
+        if not self.classes:
+            raise DatasetError(f"{train} has no class folders")
+
+    def _scan(self, split: str) -> tuple[list[Path], list[int]] | None:
+        folder = self.root / split
+        if not folder.is_dir():
+            return None
+        files, labels = [], []
+        for label, name in enumerate(self.classes):
+            found = find_images([folder / name]) if (folder / name).is_dir() else []
+            files += found
+            labels += [label] * len(found)
+        if not files:
+            raise DatasetError(f"{folder} holds no images in the class folders {self.classes}")
+        return files, labels
+
+    def prepare_data(self) -> None:
+        pass
+
+    def setup(self, stage: str | None = None) -> None:
+        hp = self.hparams
+        resize = v2.Resize((hp.image_size, hp.image_size), antialias=True)
+        aug = train_transform(hp.image_size, hp.crop_padding, hp.hflip, hp.auto_augment)
+        train_tf = v2.Compose([resize] + ([aug] if aug else []))
+        files, labels = self._scan("train")
+        val = self._scan("val")
+        if val is None:
+            train_idx, val_idx = stratified_split(torch.tensor(labels), hp.val_size, hp.seed)
+            val = ([files[i] for i in val_idx], [labels[i] for i in val_idx])
+            files, labels = [files[i] for i in train_idx], [labels[i] for i in train_idx]
+        self.train_set = ImageFileDataset(files, labels, train_tf)
+        self.val_set = ImageFileDataset(*val, resize)
+        self.test_set = ImageFileDataset(*(self._scan("test") or val), resize)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
