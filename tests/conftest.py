@@ -44,3 +44,22 @@ def fake_cifar(tmp_path) -> Path:
 @pytest.fixture(scope="session")
 def fake_cifar_session(tmp_path_factory) -> Path:
     return make_fake_cifar(tmp_path_factory.mktemp("cifar") / "data")
+
+
+@pytest.fixture(scope="session")
+def trained_checkpoint(tmp_path_factory, fake_cifar_session) -> Path:
+    """A real checkpoint of scripts/train.py (smoke recipe, 1 epoch on the fake data)."""
+    import os
+    import subprocess
+    import sys
+
+    cwd = tmp_path_factory.mktemp("trained")
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "train.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
+         "--data.root", str(fake_cifar_session), "--data.init_args.val_size", "100",
+         "--data.init_args.num_workers", "0", "--trainer.max_epochs", "2", "--trainer.logger", "false",
+         "--test_after_fit", "false", "--trainer.enable_progress_bar", "false"],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return cwd / "runs" / "smoke" / "checkpoints" / "last.ckpt"

@@ -8,9 +8,11 @@ from vit.model import (
     load_timm_state_dict,
     timm_state_dict_to_vit,
 )
+from vit.rollout import attention_rollout
 
 __all__ = [
     "PRESETS",
+    "attention_rollout",
     "ViTConfig",
     "VisionTransformer",
     "create_model",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,10 @@ def load_image(path: str | Path) -> torch.Tensor:
     if path.stat().st_size == 0:
         raise ImageError("empty file")
     try:
-        with Image.open(path) as im:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)  # over MAX_IMAGE_PIXELS: refuse
+            im = Image.open(path)
+        with im:
             im.seek(0)
             if im.mode in ("I", "I;16", "I;16B", "I;16L", "F"):  # 16-bit / float greyscale → 8 bits
                 arr = np.asarray(im, dtype=np.float64)
@@ -38,7 +42,7 @@ def load_image(path: str | Path) -> torch.Tensor:
                 background = Image.new("RGBA", im.size, (255, 255, 255, 255))  # transparent → white
                 im = Image.alpha_composite(background, im)
             rgb = np.asarray(im.convert("RGB"), dtype=np.uint8)
-    except Image.DecompressionBombError as e:
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise ImageError(f"refused as a decompression bomb ({e})") from None
     except (OSError, SyntaxError, ValueError) as e:
         raise ImageError(f"not a readable image ({e})") from None

@@ -5,7 +5,6 @@ from __future__ import annotations
 import netrc
 import os
 from dataclasses import asdict
-from pathlib import Path
 
 import lightning as L
 import torch
@@ -313,7 +312,25 @@ class WandbSamplePredictions(L.Callback):
         self._batch = None
 
 
-def read_checkpoint_meta(path: str | Path) -> dict:
-    """The ``vit`` entry of a training checkpoint, read safely (weights_only)."""
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    return ckpt.get("vit", {})
+class WandbRollout(L.Callback):
+    """Every ``every_n_epochs`` validations, log attention-rollout overlays of the same first
+    ``num_images`` validation images to W&B, to watch attention sharpen as the model learns."""
+
+    def __init__(self, num_images: int = 4, every_n_epochs: int = 5):
+        self.num_images, self.every_n_epochs = num_images, every_n_epochs
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        logger = trainer.logger
+        if (trainer.sanity_checking or not trainer.is_global_zero or not isinstance(logger, _LightningWandbLogger)
+                or trainer.current_epoch % self.every_n_epochs):
+            return
+        from vit.rollout import explain
+        from vit.visualize import overlay, upsample
+
+        val_set = trainer.datamodule.val_set
+        images = torch.stack([val_set[i][0] for i in range(min(self.num_images, len(val_set)))])
+        probs, rollout = explain(pl_module.model, pl_module.normalize(images.to(pl_module.device)))
+        names = pl_module.class_names
+        pictures = [overlay(img, upsample(r.cpu(), *img.shape[-2:])) for img, r in zip(images, rollout)]
+        captions = [f"{names[p.argmax()]} ({p.max():.2f})" for p in probs.cpu()]
+        logger.log_image(key="val/rollout", images=pictures, caption=captions)
