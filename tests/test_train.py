@@ -92,9 +92,10 @@ def test_missing_dataset_offline_is_one_clear_message(tmp_path):
     assert "cifar-10-batches-py" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_resume_matches_an_uninterrupted_run(tmp_path, fake_cifar_session):
+@pytest.mark.parametrize("pipeline", ["workers", "device"])
+def test_resume_matches_an_uninterrupted_run(tmp_path, fake_cifar_session, pipeline):
     args = ["--trainer.max_epochs", "2", "--trainer.logger", "false", "--test_after_fit", "false",
-            "--data.init_args.num_workers", "1"]
+            "--data.init_args.num_workers", "1", "--data.init_args.pipeline", pipeline]
     full, part = tmp_path / "full", tmp_path / "part"
     full.mkdir(), part.mkdir()
     assert train(full, fake_cifar_session, *args).returncode == 0

@@ -161,11 +161,20 @@ class CIFAR10DataModule(L.LightningDataModule):
         hflip: bool = True,
         auto_augment: str | None = None,
         download: bool = True,
+        pipeline: str = "workers",
     ):
+        """``pipeline``: "workers" (per-sample uint8 transforms in DataLoader workers, any policy) or
+        "device" (the train set resident on the GPU, crop+flip per sample in one batched gather;
+        ``vit.device_data``)."""
         super().__init__()
         self.save_hyperparameters()
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if pipeline not in ("workers", "device"):
+            raise ValueError(f"pipeline must be 'workers' or 'device', got {pipeline!r}")
+        if pipeline == "device" and (auto_augment or image_size != 32):
+            raise ValueError("pipeline 'device' does crop+flip on 32×32 images only: "
+                             "use pipeline 'workers' for auto_augment or resizing")
         if val_size < 0:
             raise ValueError(f"val_size must be non-negative, got {val_size}")
         train_transform(32, crop_padding, hflip, auto_augment)  # validate the choice now
@@ -238,7 +247,31 @@ class CIFAR10DataModule(L.LightningDataModule):
                           num_workers=self.hparams.num_workers, pin_memory=torch.cuda.is_available())
 
     def train_dataloader(self):
-        return self._loader(self.train_set, train=True)
+        if self.hparams.pipeline == "workers":
+            return self._loader(self.train_set, train=True)
+        from vit.device_data import DeviceBatches
+
+        trainer = self.trainer
+        device = trainer.strategy.root_device if trainer else torch.device("cpu")
+        base = self.train_set.dataset
+        idx = self.train_set.indices
+        return DeviceBatches(base.images[idx].to(device), base.labels[idx].to(device), self.hparams.batch_size,
+                             self.hparams.seed, epoch=self._next_train_epoch,
+                             rank=trainer.global_rank if trainer else 0,
+                             world_size=trainer.world_size if trainer else 1,
+                             padding=self.hparams.crop_padding, hflip=self.hparams.hflip)
+
+    def _next_train_epoch(self) -> int:
+        """Epochs are counted here, and saved in checkpoints: Lightning makes the first train iterator
+        of a resumed fit before it restores its own epoch counter."""
+        self._train_epochs = getattr(self, "_train_epochs", 0) + 1
+        return self._train_epochs - 1
+
+    def state_dict(self) -> dict:
+        return {"train_epochs": getattr(self, "_train_epochs", 0)}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._train_epochs = state_dict.get("train_epochs", 0)
 
     def val_dataloader(self):
         return self._loader(self.val_set, train=False)

@@ -1,0 +1,76 @@
+"""The on-device data path: the same crops and flips as torchvision, per sample, seeded by epoch."""
+
+import pytest
+import torch
+from torchvision.transforms.v2 import functional as TF
+
+from vit.device_data import DeviceBatches, crop_flip, random_crop_flip
+
+
+def torchvision_reference(image, top, left, flip, padding):
+    out = TF.crop(TF.pad(image, [padding], padding_mode="reflect"), top, left, image.shape[-2], image.shape[-1])
+    return TF.horizontal_flip(out) if flip else out
+
+
+@pytest.mark.parametrize("padding", [0, 1, 4])
+def test_crop_flip_equals_torchvision_for_the_same_parameters(padding):
+    g = torch.Generator().manual_seed(padding)
+    images = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8, generator=g)
+    tops, lefts = torch.randint(0, 2 * padding + 1, (2, 64), generator=g)
+    flips = torch.rand(64, generator=g) < 0.5
+    out = crop_flip(images, tops, lefts, flips, padding)
+    assert out.dtype == torch.uint8 and out.shape == images.shape
+    for i in range(64):
+        expected = torchvision_reference(images[i], tops[i].item(), lefts[i].item(), flips[i].item(), padding)
+        assert torch.equal(out[i], expected), i
+
+
+def test_non_square_and_one_channel():
+    images = torch.randint(0, 256, (5, 1, 20, 28), dtype=torch.uint8)
+    tops, lefts, flips = torch.tensor([0, 8, 3, 4, 8]), torch.tensor([8, 0, 5, 4, 1]), torch.tensor([1, 0, 1, 0, 1]).bool()
+    out = crop_flip(images, tops, lefts, flips, 4)
+    for i in range(5):
+        assert torch.equal(out[i], torchvision_reference(images[i], tops[i].item(), lefts[i].item(), flips[i].item(), 4))
+
+
+def test_random_parameters_cover_the_range_and_flip_half_the_time():
+    # a unique value per pixel lets us read off each sample's offset and flip from its output
+    n, padding = 4000, 4
+    base = torch.arange(32 * 32, dtype=torch.int64).view(1, 1, 32, 32)
+    images = base.expand(n, 1, 32, 32).contiguous()
+    out = random_crop_flip(images, padding, generator=torch.Generator().manual_seed(0))
+    centre = out[:, 0, 16, 16]  # where pixel (16, 16) came from
+    rows, cols = centre // 32, centre % 32
+    flipped = out[:, 0, 16, 17] < out[:, 0, 16, 16]
+    assert 0.47 < flipped.float().mean().item() < 0.53
+    # unflipped: source col = left - p + 16; flipped: source col = left - p + 15; rows: top - p + 16
+    offsets = torch.where(flipped, cols - 15, cols - 16) + padding
+    assert set((rows - 16 + padding).tolist()) == set(range(2 * padding + 1))
+    assert set(offsets.tolist()) == set(range(2 * padding + 1))
+
+
+def test_device_batches_shard_by_rank_and_seed_by_epoch():
+    images = torch.arange(100, dtype=torch.uint8).view(100, 1, 1, 1).expand(100, 3, 8, 8).contiguous()
+    labels = torch.arange(100)
+
+    def batches(rank, world, epoch):
+        loader = DeviceBatches(images, labels, batch_size=10, seed=0, epoch=lambda: epoch, rank=rank,
+                               world_size=world, padding=0, hflip=False)
+        return torch.cat([y for _, y in loader])
+
+    assert len(DeviceBatches(images, labels, 10, 0, lambda: 0, 0, 2)) == 5
+    r0, r1 = batches(0, 2, 0), batches(1, 2, 0)
+    assert len(r0) == len(r1) == 50 and not set(r0.tolist()) & set(r1.tolist())  # disjoint shards
+    assert torch.equal(batches(0, 2, 0), r0)  # same epoch, same order
+    assert not torch.equal(batches(0, 2, 1), r0)  # next epoch, new order
+    for x, y in DeviceBatches(images, labels, 10, 0, lambda: 0):
+        assert torch.equal(x[:, 0, 0, 0].long(), y)  # images stay with their labels
+
+
+def test_mixup_cutmix_targets_sum_to_one():
+    from timm.data import Mixup
+
+    mix = Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1, num_classes=10)
+    for _ in range(10):
+        x, targets = mix(torch.rand(8, 3, 32, 32), torch.randint(0, 10, (8,)))
+        torch.testing.assert_close(targets.sum(-1), torch.ones(8))
