@@ -1,6 +1,8 @@
 """The benchmark runs end to end in quick mode and writes every field README figures come from."""
 
 import json
+
+import pytest
 import subprocess
 import sys
 from pathlib import Path
@@ -21,4 +23,23 @@ def test_benchmark_quick_writes_json(tmp_path):
             assert row[f"{mode}_img_s_{who}"] > 0
         assert row[f"{mode}_ratio"] == row[f"{mode}_img_s_ours"] / row[f"{mode}_img_s_timm"]
     assert report["patch_embedding"][0]["img_s_conv"] > 0
-    assert "train_ratio" in proc.stdout
+    (data,) = report["data"]
+    for key in ("img_s_ours_device", "img_s_ours_workers", "img_s_torchvision"):
+        assert data[key] > 0
+    assert data["ratio_device_vs_torchvision"] == data["img_s_ours_device"] / data["img_s_torchvision"]
+    (step,) = report["step"]
+    assert step["img_s"] > 0 and step["gflop_per_img"] > 0
+    assert step["achieved_tflops"] == pytest.approx(step["img_s"] * step["gflop_per_img"] / 1000)
+    assert report["startup"]["s_classify"] > 0 and report["startup"]["ratio"] > 0
+    assert "train_ratio" in proc.stdout and "ratio_device_vs_torchvision" in proc.stdout
+
+
+def test_analytic_flops_follow_the_notes():
+    from vit.benchmark import flops_per_image
+    from vit.model import VisionTransformer
+
+    m = VisionTransformer(image_size=32, patch_size=4, dim=192, depth=12, heads=3)
+    t, d = 65, 192
+    expected = 12 * 2 * (12 * t * d * d + 2 * t * t * d) + 2 * 64 * 48 * d + 2 * d * 10
+    assert flops_per_image(m, train=False) == expected
+    assert flops_per_image(m, train=True) == 3 * expected

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import platform
 import statistics
+import sys
 import time
 from contextlib import nullcontext
 
@@ -137,24 +138,214 @@ def format_table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
+def flops_per_image(model: VisionTransformer, train: bool) -> float:
+    """The notes' analytic count: per block ≈ 2·(12·T·D² + 2·T²·D) forward (T = N+1 tokens), plus E and
+    the head; ×3 for a training step (forward + backward)."""
+    c = model.config
+    t, d = c.num_patches + 1, c.dim
+    forward = c.depth * 2 * (12 * t * d * d + 2 * t * t * d)
+    forward += 2 * c.num_patches * c.patch_size ** 2 * c.in_channels * d + 2 * d * c.num_classes
+    return forward * (3 if train else 1)
+
+
+# Dense bf16 tensor-core peaks from the vendors' datasheets, for MFU.
+PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}
+
+
+def _fake_cifar(root, n: int) -> None:
+    import pickle
+
+    import numpy as np
+
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5", "test_batch"):
+        data = rng.integers(0, 256, (n // 5, 3072), dtype=np.uint8)
+        with open(folder / name, "wb") as f:
+            pickle.dump({"data": data, "labels": rng.integers(0, 10, n // 5).tolist()}, f)
+    with open(folder / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": [f"c{i}" for i in range(10)]}, f)
+
+
+def _images_per_second(batches, device, limit: int) -> float:
+    it = iter(batches)
+    next(it)  # start workers / warm up
+    _sync(device)
+    start, seen = time.perf_counter(), 0
+    for images, _ in it:
+        seen += len(images)
+        if seen >= limit:
+            break
+    _sync(device)
+    return seen / (time.perf_counter() - start)
+
+
+def bench_data(device: torch.device, batch_size: int, workers: int, n: int) -> dict:
+    """Random crop (reflect pad 4) + flip + normalise, images/s: our device path, our worker path
+    (uint8 torchvision.transforms.v2), and torchvision's CIFAR10 + PIL transforms, same workers."""
+    import tempfile
+    from pathlib import Path
+
+    import torchvision
+    from torchvision import transforms as T
+
+    from vit.data import CIFAR10_MEAN, CIFAR10_STD, CIFAR10DataModule
+    from vit.device_data import DeviceBatches
+
+    mean = torch.tensor(CIFAR10_MEAN, device=device).view(1, 3, 1, 1)
+    std = torch.tensor(CIFAR10_STD, device=device).view(1, 3, 1, 1)
+
+    class Normalised:  # the normalisation our LightningModule does on the device
+        def __init__(self, batches):
+            self.batches = batches
+
+        def __iter__(self):
+            for images, labels in self.batches:
+                images = images.to(device, non_blocking=True)
+                yield (images.float() / 255 - mean) / std, labels.to(device, non_blocking=True)
+
+    class UncheckedCIFAR10(torchvision.datasets.CIFAR10):
+        def _check_integrity(self):  # our generated files have their own md5s
+            return True
+
+        def _load_meta(self):  # (md5-checked in torchvision; the class names play no part here)
+            self.classes = [f"c{i}" for i in range(10)]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        _fake_cifar(Path(tmp), n)
+        dm = CIFAR10DataModule(root=tmp, batch_size=batch_size, val_size=0, num_workers=workers, download=False)
+        dm.setup("fit")
+        base = dm.train_set.dataset
+        ours_device = DeviceBatches(base.images.to(device), base.labels.to(device), batch_size, seed=0,
+                                    epoch=lambda: 0)
+        tv = UncheckedCIFAR10(tmp, train=True, download=False, transform=T.Compose([
+            T.RandomCrop(32, padding=4, padding_mode="reflect"), T.RandomHorizontalFlip(), T.ToTensor(),
+            T.Normalize(CIFAR10_MEAN, CIFAR10_STD)]))
+        tv_loader = torch.utils.data.DataLoader(tv, batch_size=batch_size, shuffle=True, drop_last=True,
+                                                num_workers=workers, pin_memory=device.type == "cuda")
+        limit = n - 2 * batch_size
+        row = {"batch_size": batch_size, "workers": workers,
+               "img_s_ours_device": _images_per_second(Normalised(ours_device), device, limit),
+               "img_s_ours_workers": _images_per_second(Normalised(dm.train_dataloader()), device, limit),
+               "img_s_torchvision": _images_per_second(Normalised(tv_loader), device, limit)}
+    row["ratio_device_vs_torchvision"] = row["img_s_ours_device"] / row["img_s_torchvision"]
+    row["ratio_workers_vs_torchvision"] = row["img_s_ours_workers"] / row["img_s_torchvision"]
+    return row
+
+
+def bench_training_step(preset: str, batch_size: int, device: torch.device, dtype: torch.dtype, steps: int,
+                        compile_model: bool) -> dict:
+    """Whole step on the device path: batch (crop+flip) → normalise → forward → loss → backward → AdamW."""
+    from vit.device_data import DeviceBatches
+
+    torch.manual_seed(0)
+    model = VisionTransformer(**PRESETS[preset]).to(device).train()
+    if compile_model:
+        model.compile()
+    fused = {"fused": True} if device.type == "cuda" else {}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **fused)
+    n = batch_size * (steps + 3)
+    images = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, device=device)
+    labels = torch.randint(0, 10, (n,), device=device)
+    batches = iter(DeviceBatches(images, labels, batch_size, seed=0, epoch=lambda: 0))
+    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+
+    def step():
+        x, y = next(batches)
+        with autocast:
+            loss = torch.nn.functional.cross_entropy(model((x.float() / 255 - 0.5) / 0.25), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    _sync(device)
+    img_s = batch_size * steps / (time.perf_counter() - start)
+    tflops = flops_per_image(model, train=True) * img_s / 1e12
+    row = {"preset": preset, "batch_size": batch_size, "dtype": str(dtype).removeprefix("torch."),
+           "compiled": compile_model, "img_s": img_s, "gflop_per_img": flops_per_image(model, True) / 1e9,
+           "achieved_tflops": tflops}
+    if device.type == "cuda":
+        peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in torch.cuda.get_device_name(device)), None)
+        row["mfu"] = tflops / peak if peak and dtype == torch.bfloat16 else None
+    return row
+
+
+def bench_startup(repeats: int) -> dict:
+    """Seconds to classify one image from the shell, against `python -c "import torch, torchvision"`."""
+    import subprocess
+    import sys
+    import tempfile
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from PIL import Image
+
+    root = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        model = VisionTransformer(**PRESETS["vit_tiny"])
+        ckpt = Path(tmp) / "model.ckpt"
+        torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+                    "vit": {"config": asdict(model.config), "class_names": [str(i) for i in range(10)],
+                            "mean": [0.5] * 3, "std": [0.25] * 3}}, ckpt)
+        Image.new("RGB", (64, 48), (120, 30, 200)).save(Path(tmp) / "cat.png")
+        commands = {"import": [sys.executable, "-c", "import torch, torchvision"],
+                    "classify": [sys.executable, str(root / "scripts" / "classify.py"), "--checkpoint", str(ckpt),
+                                 str(Path(tmp) / "cat.png")]}
+        times = {k: [] for k in commands}
+        for _ in range(repeats):
+            for name, cmd in commands.items():
+                start = time.perf_counter()
+                subprocess.run(cmd, check=True, capture_output=True)
+                times[name].append(time.perf_counter() - start)
+    row = {f"s_{k}": statistics.median(v) for k, v in times.items()}
+    row["ratio"] = row["s_classify"] / row["s_import"]
+    return row
+
+
 def run(args) -> dict:
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[
         args.dtype if args.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")]
-    steps, rounds = (1, 1) if args.quick else (args.steps, args.rounds)
-    presets = ["vit_tiny"] if args.quick else args.presets
-    batch = 8 if args.quick else args.batch_size
-    report = {"device": describe_device(device), "torch": torch.__version__, "model": []}
-    for preset in presets:
-        report["model"].append(bench_model(preset, batch, device, dtype, steps, rounds,
-                                           warmup=1 if args.quick else 2))
-    report["patch_embedding"] = [bench_patch_embedding(presets[0], batch, device, rounds)]
-    print(f"# patch embedding E, forward+backward, images/s: patchify + Linear vs timm's strided conv")
-    print(format_table(report["patch_embedding"], ["preset", "batch_size", "img_s_ours", "img_s_conv", "ratio"]))
-    print(f"# model step on {report['device']} (torch {report['torch']}), images/s, ours vs timm")
-    print(format_table(report["model"], ["preset", "batch_size", "dtype", "train_img_s_ours",
-                                         "train_img_s_timm", "train_ratio", "infer_img_s_ours",
-                                         "infer_img_s_timm", "infer_ratio"]))
+    quick = args.quick
+    steps, rounds = (1, 1) if quick else (args.steps, args.rounds)
+    presets = ["vit_tiny"] if quick else args.presets
+    batch = 8 if quick else args.batch_size
+    sections = args.sections.split(",")
+    report = {"device": describe_device(device), "torch": torch.__version__, "command": " ".join(sys.argv)}
+    if "model" in sections:
+        report["patch_embedding"] = [bench_patch_embedding(presets[0], batch, device, rounds)]
+        print("# patch embedding E, forward+backward, images/s: patchify + Linear vs timm's strided conv")
+        print(format_table(report["patch_embedding"], ["preset", "batch_size", "img_s_ours", "img_s_conv", "ratio"]))
+        report["model"] = [bench_model(p, batch, device, dtype, steps, rounds, warmup=1 if quick else 2)
+                           for p in presets]
+        print(f"# model step, images/s, ours vs timm's VisionTransformer of the same shape")
+        print(format_table(report["model"], ["preset", "batch_size", "dtype", "train_img_s_ours", "train_img_s_timm",
+                                             "train_ratio", "infer_img_s_ours", "infer_img_s_timm", "infer_ratio"]
+                           + (["train_peak_MiB_ours", "train_peak_MiB_timm"] if device.type == "cuda" else [])))
+    if "data" in sections:
+        n = 1000 if quick else args.data_images
+        report["data"] = [bench_data(device, 64 if quick else args.data_batch_size, args.workers, n)]
+        print(f"# data path: crop(pad 4, reflect) + flip + normalise, images/s ({args.workers} workers for loaders)")
+        print(format_table(report["data"], ["batch_size", "workers", "img_s_ours_device", "img_s_ours_workers",
+                                            "img_s_torchvision", "ratio_device_vs_torchvision",
+                                            "ratio_workers_vs_torchvision"]))
+    if "step" in sections:
+        report["step"] = [bench_training_step(p, batch if quick else args.step_batch_size, device, dtype, steps,
+                                              args.compile) for p in presets]
+        print("# whole training step (device data path + forward + backward + AdamW)")
+        print(format_table(report["step"], ["preset", "batch_size", "dtype", "compiled", "img_s", "gflop_per_img",
+                                            "achieved_tflops"] + (["mfu"] if device.type == "cuda" else [])))
+    if "startup" in sections:
+        report["startup"] = bench_startup(1 if quick else args.startup_repeats)
+        print("# classify one image from the shell vs `python -c 'import torch, torchvision'`, seconds (median)")
+        print(format_table([report["startup"]], ["s_import", "s_classify", "ratio"]))
     if args.output:
         with open(args.output, "w") as f:
             json.dump(report, f, indent=2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -58,6 +59,7 @@ def test_on_one_process(cli: LightningCLI) -> None:
         if not trainer.is_global_zero:
             return
         torch.distributed.destroy_process_group()
+    warnings.filterwarnings("ignore", message=".*when using `ckpt_path`, callbacks used to create")
     tester = L.Trainer(accelerator=trainer.accelerator, devices=1, num_nodes=1, logger=trainer.logger,
                        precision=trainer.precision_plugin.precision, plugins=[LightningEnvironment()],
                        callbacks=[], enable_checkpointing=False, default_root_dir=trainer.default_root_dir)

@@ -312,6 +312,35 @@ class WandbSamplePredictions(L.Callback):
         self._batch = None
 
 
+class TimeToAccuracy(L.Callback):
+    """Log the wall time (s since fit started) at which ``val/acc`` first reaches each threshold,
+    as ``time_to/val_acc_<threshold>``, and print one line when it happens."""
+
+    def __init__(self, thresholds: tuple[float, ...] = (0.90, 0.93, 0.94)):
+        self.thresholds = sorted(thresholds)
+        self.reached: dict[float, float] = {}
+
+    def on_fit_start(self, trainer, pl_module):
+        import time
+
+        self.start = time.perf_counter()
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        import time
+
+        acc = trainer.callback_metrics.get("val/acc")
+        if trainer.sanity_checking or acc is None:
+            return
+        elapsed = time.perf_counter() - self.start
+        for t in self.thresholds:
+            if t not in self.reached and acc.item() >= t:
+                self.reached[t] = elapsed
+                rank_zero_info(f"val/acc {acc.item():.4f} >= {t:.2f} after {elapsed:.1f} s "
+                               f"(epoch {trainer.current_epoch}, step {trainer.global_step})")
+        if self.reached:
+            pl_module.log_dict({f"time_to/val_acc_{t:.2f}": s for t, s in self.reached.items()})
+
+
 class WandbRollout(L.Callback):
     """Every ``every_n_epochs`` validations, log attention-rollout overlays of the same first
     ``num_images`` validation images to W&B, to watch attention sharpen as the model learns."""
