@@ -99,8 +99,7 @@ def load_classifier(path: str | Path) -> Classifier:
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
         raise CheckpointError(f"{path}: not a vit training checkpoint (no state_dict)")
     meta = _check_meta(ckpt.get("vit"), str(path))
-    state = {k.removeprefix("model.").replace("_orig_mod.", ""): v for k, v in ckpt["state_dict"].items()
-             if k.startswith("model.")}
+    state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     return _build(meta, state, str(path))
 
 

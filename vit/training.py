@@ -209,8 +209,6 @@ class ViTClassifier(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "vit" in checkpoint:
             self.class_names = list(checkpoint["vit"]["class_names"])
-        state = checkpoint.get("state_dict", {})  # a compiled model saves the same keys via .compile()
-        checkpoint["state_dict"] = {k.replace("model._orig_mod.", "model."): v for k, v in state.items()}
 
 
 class EpochSeed(L.Callback):
