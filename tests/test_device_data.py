@@ -74,3 +74,23 @@ def test_mixup_cutmix_targets_sum_to_one():
     for _ in range(10):
         x, targets = mix(torch.rand(8, 3, 32, 32), torch.randint(0, 10, (8,)))
         torch.testing.assert_close(targets.sum(-1), torch.ones(8))
+
+
+def test_time_to_accuracy_records_each_threshold_once():
+    from types import SimpleNamespace
+
+    from vit.training import TimeToAccuracy
+
+    logged = {}
+    module = SimpleNamespace(log_dict=lambda d: logged.update(d))
+    cb = TimeToAccuracy(thresholds=(0.93, 0.90))
+    cb.on_fit_start(None, module)
+    for epoch, acc in enumerate([0.5, 0.91, 0.89, 0.95]):
+        trainer = SimpleNamespace(callback_metrics={"val/acc": torch.tensor(acc)}, sanity_checking=False,
+                                  current_epoch=epoch, global_step=10 * epoch)
+        cb.on_validation_epoch_end(trainer, module)
+        if epoch == 1:
+            first_90 = logged["time_to/val_acc_0.90"]
+            assert "time_to/val_acc_0.93" not in logged
+    assert logged["time_to/val_acc_0.90"] == first_90  # not overwritten by later epochs
+    assert logged["time_to/val_acc_0.93"] >= first_90 > 0

@@ -78,12 +78,20 @@ def test_learning_is_real(smoke_run):
     assert score >= 0.6, f"val/acc_best {score}"
 
 
-def test_bad_config_value_is_one_clear_message(tmp_path, fake_cifar_session):
-    proc = train(tmp_path, fake_cifar_session, "--model.dim", "65")
+@pytest.mark.parametrize("args, message", [
+    (["--model.dim", "65"], "error: dim 65 is not divisible by heads 4"),
+    (["--model.lr", "fast"], 'error: Parser key "model.lr": Expected a <class \'float\'>. Got value: fast'),
+    (["--data.batch_size", "-3"], "error: batch_size must be positive, got -3"),
+    (["--data.pipeline", "gpu"], "error: pipeline must be 'workers' or 'device', got 'gpu'"),
+    (["--data.val_size", "5000"], "error: val_size must be in [0, 500), got 5000"),
+    (["--ckpt_path", "nowhere.ckpt"], "error: --ckpt_path nowhere.ckpt: no such checkpoint file"),
+])
+def test_bad_config_value_is_one_clear_message(tmp_path, fake_cifar_session, args, message):
+    proc = train(tmp_path, fake_cifar_session, *args)
     assert proc.returncode == 2
-    assert "dim 65 is not divisible by heads 4" in proc.stderr and "Traceback" not in proc.stderr
-    proc = train(tmp_path, fake_cifar_session, "--model.lr", "fast")
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "lr" in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [message], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
 
 
 def test_missing_dataset_offline_is_one_clear_message(tmp_path):

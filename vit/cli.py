@@ -8,9 +8,10 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from jsonargparse import ArgumentError
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.environments import LightningEnvironment
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from vit.data import DatasetError
@@ -68,22 +69,34 @@ def test_on_one_process(cli: LightningCLI) -> None:
                    f"top-1 {100 * metrics['test/acc']:.2f}%, top-5 {100 * metrics['test/acc5']:.2f}%")
 
 
+def condense(message: str) -> str:
+    """jsonargparse explains a bad value of a subclass-typed field as every alternative it tried;
+    keep the reasons that are not about the alternatives, on one line."""
+    lines = [line.strip().removeprefix("- ") for line in message.splitlines()]
+    reasons = [line for line in lines if line and not line.startswith(("Expected a <class 'NoneType'>", "Given value",
+                                                                        "Subtypes:", "Errors:", "Does not validate"))]
+    return " ".join(r if r.endswith(":") or i == len(reasons) - 1 else r + ";" for i, r in enumerate(reasons)) \
+        or " ".join(message.split())
+
+
 def main(args: list[str] | None = None) -> int:
     from_argv = args is None
     args = list(sys.argv[1:] if from_argv else args)
-    if not any(a in ("-h", "--help") or a.split("=")[0] in ("--config", "--print_config") for a in args):
+    if not any(a in ("-h", "--help", "-c") or a.split("=")[0] == "--config" for a in args):
         args = ["--config", str(DEFAULT_CONFIG), *args]
     if from_argv:  # LightningCLI reads sys.argv itself (and so does a DDP launcher re-running us)
         sys.argv[1:], args = args, None
     try:
         cli = ViTCLI(ViTClassifier, L.LightningDataModule, subclass_mode_data=True, run=False, args=args,
-                     save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False)
+                     save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False,
+                     parser_kwargs={"exit_on_error": False})
         ckpt_path = resolve_ckpt_path(cli.trainer, cli.config.get("ckpt_path"))
         resume_wandb(cli.trainer, ckpt_path)
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
         if cli.config.get("test_after_fit") and not cli.trainer.interrupted:
             test_on_one_process(cli)
-    except (DatasetError, ValueError, FileNotFoundError, MisconfigurationException) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (ArgumentError, DatasetError, ValueError, FileNotFoundError, MisconfigurationException) as e:
+        if rank_zero_only.rank == 0:  # under DDP every process fails alike: say it once
+            print(f"error: {condense(str(e))}", file=sys.stderr)
         return 2
     return 0

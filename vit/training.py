@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import netrc
 import os
+import time
 from dataclasses import asdict
 
 import lightning as L
@@ -319,13 +320,9 @@ class TimeToAccuracy(L.Callback):
         self.reached: dict[float, float] = {}
 
     def on_fit_start(self, trainer, pl_module):
-        import time
-
         self.start = time.perf_counter()
 
     def on_validation_epoch_end(self, trainer, pl_module):
-        import time
-
         acc = trainer.callback_metrics.get("val/acc")
         if trainer.sanity_checking or acc is None:
             return
