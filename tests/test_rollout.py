@@ -103,7 +103,7 @@ def test_rollout_of_a_trained_model_finds_the_patch_that_decides():
     model = vit.VisionTransformer(image_size=16, patch_size=4, num_classes=4, dim=32, depth=2, heads=2)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     images, labels, _ = _bright_patch_task(512, seed=0)
-    for step in range(200):
+    for _ in range(200):
         idx = torch.randint(0, 512, (64,))
         loss = torch.nn.functional.cross_entropy(model(images[idx]), labels[idx])
         opt.zero_grad()

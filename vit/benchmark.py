@@ -325,7 +325,7 @@ def run(args) -> dict:
         print(format_table(report["patch_embedding"], ["preset", "batch_size", "img_s_ours", "img_s_conv", "ratio"]))
         report["model"] = [bench_model(p, batch, device, dtype, steps, rounds, warmup=1 if quick else 2)
                            for p in presets]
-        print(f"# model step, images/s, ours vs timm's VisionTransformer of the same shape")
+        print("# model step, images/s, ours vs timm's VisionTransformer of the same shape")
         print(format_table(report["model"], ["preset", "batch_size", "dtype", "train_img_s_ours", "train_img_s_timm",
                                              "train_ratio", "infer_img_s_ours", "infer_img_s_timm", "infer_ratio"]
                            + (["train_peak_MiB_ours", "train_peak_MiB_timm"] if device.type == "cuda" else [])))
