@@ -180,6 +180,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         train_transform(32, crop_padding, hflip, auto_augment)  # validate the choice now
         self.root = Path(root)
         self.classes: list[str] | None = None
+        self._train_epochs = 0  # train iterators made so far (device pipeline; saved in checkpoints)
 
     # --- stage 1 ---------------------------------------------------------------------------
     @property
@@ -219,7 +220,7 @@ class CIFAR10DataModule(L.LightningDataModule):
             self.prepare_data()  # e.g. when used without a Trainer
         self.classes = read_cifar_meta(self.data_dir / "batches.meta")
         hp = self.hparams
-        resize = [] if hp.image_size == 32 else [v2.Resize(hp.image_size, antialias=True)]
+        resize = [] if hp.image_size == 32 else [v2.Resize((hp.image_size, hp.image_size), antialias=True)]
         eval_tf = v2.Compose(resize) if resize else None
         if stage in (None, "fit", "validate"):
             images, labels = self._read(self.train_files)
@@ -264,11 +265,11 @@ class CIFAR10DataModule(L.LightningDataModule):
     def _next_train_epoch(self) -> int:
         """Epochs are counted here, and saved in checkpoints: Lightning makes the first train iterator
         of a resumed fit before it restores its own epoch counter."""
-        self._train_epochs = getattr(self, "_train_epochs", 0) + 1
+        self._train_epochs += 1
         return self._train_epochs - 1
 
     def state_dict(self) -> dict:
-        return {"train_epochs": getattr(self, "_train_epochs", 0)}
+        return {"train_epochs": self._train_epochs}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._train_epochs = state_dict.get("train_epochs", 0)

@@ -123,7 +123,7 @@ class ViTClassifier(L.LightningModule):
         if self.mixup_fn is not None:
             x, soft_targets = self.mixup_fn(x, labels)
             logits = self.model(x)
-            loss = torch.sum(-soft_targets * F.log_softmax(logits, dim=-1), dim=-1).mean()
+            loss = F.cross_entropy(logits, soft_targets)  # probability targets (smoothing already in them)
         else:
             logits = self.model(x)
             loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
