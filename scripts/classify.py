@@ -1,8 +1,8 @@
-"""Classify images with a trained checkpoint: `python scripts/classify.py --checkpoint CKPT IMAGE|DIR ...`."""
+"""`python scripts/classify.py`, the same program as `vit-classify` (see --help)."""
 
 import sys
 
-from vit.classify import main
+from vit.commands.classify import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,8 +1,8 @@
-"""Attention rollout figures: `python scripts/rollout.py --checkpoint CKPT IMAGE ... --output-dir DIR`."""
+"""`python scripts/rollout.py`, the same program as `vit-rollout` (see --help)."""
 
 import sys
 
-from vit.visualize import main
+from vit.commands.rollout import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -56,10 +56,10 @@ def trained_checkpoint(tmp_path_factory, fake_cifar_session) -> Path:
     cwd = tmp_path_factory.mktemp("trained")
     env = {**os.environ, "WANDB_MODE": "disabled"}
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "train.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
-         "--data.root", str(fake_cifar_session), "--data.init_args.val_size", "100",
-         "--data.init_args.num_workers", "0", "--trainer.max_epochs", "2", "--trainer.logger", "false",
+        [sys.executable, str(ROOT / "scripts" / "train.py"), "--config", "smoke",
+         "--data.root", str(fake_cifar_session), "--data.val_size", "100",
+         "--data.num_workers", "0", "--trainer.max_epochs", "2", "--trainer.logger", "false",
          "--test_after_fit", "false", "--trainer.enable_progress_bar", "false"],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return cwd / "runs" / "smoke" / "checkpoints" / "last.ckpt"
+    return cwd / "runs" / "smoke" / "version_0" / "checkpoints" / "last.ckpt"

@@ -36,9 +36,9 @@ def test_benchmark_quick_writes_json(tmp_path):
 
 def test_analytic_flops_follow_the_notes():
     from vit.benchmark import flops_per_image
-    from vit.model import VisionTransformer
+    from vit.model import ViTConfig, VisionTransformer
 
-    m = VisionTransformer(image_size=32, patch_size=4, dim=192, depth=12, heads=3)
+    m = VisionTransformer(ViTConfig(image_size=32, patch_size=4, dim=192, depth=12, heads=3))
     t, d = 65, 192
     expected = 12 * 2 * (12 * t * d * d + 2 * t * t * d) + 2 * 64 * 48 * d + 2 * d * 10
     assert flops_per_image(m, train=False) == expected

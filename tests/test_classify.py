@@ -91,7 +91,7 @@ def test_text_mode_errors_are_one_line_each_on_stderr(trained_checkpoint, images
 
 def test_probabilities_match_validation_preprocessing(trained_checkpoint, fake_cifar_session, tmp_path):
     from vit.data import CIFAR10DataModule
-    from vit.training import ViTClassifier
+    from vit.module import ViTClassifier
 
     ckpt = torch.load(trained_checkpoint, weights_only=True)
     model = ViTClassifier(**{k: v for k, v in ckpt["hyper_parameters"].items() if not k.startswith("_")}).eval()
@@ -137,7 +137,7 @@ def test_bad_checkpoints_exit_2_with_one_line(trained_checkpoint, images, tmp_pa
 
 
 def test_classify_path_does_not_import_lightning_or_wandb():
-    code = "import sys, vit.classify, vit.visualize; print(sorted(m for m in ('lightning', 'wandb', 'timm') if m in sys.modules))"
+    code = "import sys, vit.commands.classify, vit.commands.rollout, vit.commands.export; print(sorted(m for m in ('lightning', 'wandb', 'timm') if m in sys.modules))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.stdout.strip() == "[]", proc.stderr
 

@@ -79,7 +79,7 @@ def test_mixup_cutmix_targets_sum_to_one():
 def test_time_to_accuracy_records_each_threshold_once():
     from types import SimpleNamespace
 
-    from vit.training import TimeToAccuracy
+    from vit.callbacks import TimeToAccuracy
 
     logged = {}
     module = SimpleNamespace(log_dict=lambda d: logged.update(d))

@@ -28,7 +28,7 @@ def closed_form_param_count(image_size, patch_size, in_channels, num_classes, di
 
 @pytest.mark.parametrize("cfg", CONFIGS)
 def test_shapes_and_attention_maps(cfg):
-    model = vit.VisionTransformer(**cfg).eval()
+    model = vit.VisionTransformer(vit.ViTConfig(**cfg)).eval()
     x = torch.randn(5, cfg["in_channels"], cfg["image_size"], cfg["image_size"])
     logits, attentions = model(x, return_attention=True)
     n_tokens = (cfg["image_size"] // cfg["patch_size"]) ** 2 + 1
@@ -42,7 +42,7 @@ def test_shapes_and_attention_maps(cfg):
 
 @pytest.mark.parametrize("cfg", CONFIGS)
 def test_parameter_count_matches_closed_form(cfg):
-    model = vit.VisionTransformer(**cfg)
+    model = vit.VisionTransformer(vit.ViTConfig(**cfg))
     assert sum(p.numel() for p in model.parameters()) == closed_form_param_count(**cfg)
 
 
@@ -71,11 +71,11 @@ def test_presets_are_cifar_sized():
 )
 def test_bad_configuration_is_a_clear_value_error(bad, message):
     with pytest.raises(ValueError, match=message):
-        vit.VisionTransformer(**bad)
+        vit.VisionTransformer(vit.ViTConfig(**bad))
 
 
 def test_wrong_input_shape_is_a_clear_error():
-    model = vit.VisionTransformer(dim=32, depth=1, heads=2)
+    model = vit.VisionTransformer(vit.ViTConfig(dim=32, depth=1, heads=2))
     with pytest.raises(ValueError, match="expected images of shape"):
         model(torch.randn(2, 1, 32, 32))
 
@@ -96,7 +96,7 @@ def _random_timm(cfg, seed):
 @pytest.mark.parametrize("cfg", CONFIGS)
 def test_equivalent_to_timm_after_loading_its_weights(cfg):
     timm_model = _random_timm(cfg, seed=0)
-    model = vit.VisionTransformer(**cfg).eval()
+    model = vit.VisionTransformer(vit.ViTConfig(**cfg)).eval()
     vit.load_timm_state_dict(model, timm_model.state_dict())
     x = torch.randn(4, cfg["in_channels"], cfg["image_size"], cfg["image_size"])
     with torch.no_grad():
@@ -108,7 +108,7 @@ def test_equivalent_to_timm_after_loading_its_weights(cfg):
 def test_patch_embedding_matches_the_strided_convolution():
     cfg = CONFIGS[0]
     timm_model = _random_timm(cfg, seed=1)
-    model = vit.VisionTransformer(**cfg)
+    model = vit.VisionTransformer(vit.ViTConfig(**cfg))
     vit.load_timm_state_dict(model, timm_model.state_dict())
     x = torch.randn(3, 3, 32, 32)
     with torch.no_grad():
@@ -119,18 +119,18 @@ def test_patch_embedding_matches_the_strided_convolution():
 def test_timm_mismatch_names_the_offending_keys():
     cfg = CONFIGS[0]
     state = _random_timm(cfg, seed=0).state_dict()
-    model = vit.VisionTransformer(**{**cfg, "num_classes": 5})
+    model = vit.VisionTransformer(vit.ViTConfig(**{**cfg, "num_classes": 5}))
     with pytest.raises(ValueError, match=r"head\.weight: checkpoint \(10, 48\) vs model \(5, 48\)"):
         vit.load_timm_state_dict(model, state)
     del state["blocks.1.norm1.weight"]
     state["reg_token"] = torch.zeros(1, 1, 48)
     with pytest.raises(ValueError, match=r"missing keys: blocks\.1\.norm1\.weight.*unexpected keys: reg_token"):
-        vit.load_timm_state_dict(vit.VisionTransformer(**cfg), state)
+        vit.load_timm_state_dict(vit.VisionTransformer(vit.ViTConfig(**cfg)), state)
 
 
 def test_fused_and_explicit_attention_paths_agree_in_training_mode_without_dropout():
     torch.manual_seed(0)
-    model = vit.VisionTransformer(dim=32, depth=2, heads=4).train()
+    model = vit.VisionTransformer(vit.ViTConfig(dim=32, depth=2, heads=4)).train()
     x = torch.randn(3, 3, 32, 32)
     fused = model(x)
     explicit, _ = model(x, return_attention=True)
@@ -148,7 +148,7 @@ def test_block_without_pos_embedding_is_permutation_equivariant():
 
 def test_patch_order_matters_only_through_pos_embedding():
     torch.manual_seed(0)
-    model = vit.VisionTransformer(image_size=16, patch_size=4, dim=32, depth=2, heads=4).eval()
+    model = vit.VisionTransformer(vit.ViTConfig(image_size=16, patch_size=4, dim=32, depth=2, heads=4)).eval()
     x = torch.randn(2, 3, 16, 16)
     # shuffle whole 4×4 patches of the image
     patches = rearrange(x, "b c (h p1) (w p2) -> b (h w) c p1 p2", p1=4, p2=4)
@@ -160,7 +160,7 @@ def test_patch_order_matters_only_through_pos_embedding():
 
 
 def test_no_weight_decay_set_is_norms_biases_pos_and_cls():
-    model = vit.VisionTransformer(dim=32, depth=2, heads=4)
+    model = vit.VisionTransformer(vit.ViTConfig(dim=32, depth=2, heads=4))
     skip = model.no_weight_decay()
     assert {"cls_token", "pos_embedding", "norm.weight", "head.bias", "blocks.0.norm1.bias"} <= skip
     decayed = {n for n, _ in model.named_parameters()} - skip
@@ -169,7 +169,7 @@ def test_no_weight_decay_set_is_norms_biases_pos_and_cls():
 
 def test_initialisation_follows_timm():
     torch.manual_seed(0)
-    model = vit.VisionTransformer(dim=192, depth=2, heads=3)
+    model = vit.VisionTransformer(vit.ViTConfig(dim=192, depth=2, heads=3))
     assert model.pos_embedding.std().item() == pytest.approx(0.02, rel=0.1)
     assert model.cls_token.abs().max().item() < 1e-4
     assert model.blocks[0].attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.1)
@@ -180,7 +180,7 @@ def test_tiny_model_overfits_random_labels():
     torch.manual_seed(0)
     x = torch.randn(64, 3, 16, 16)
     y = torch.randint(0, 10, (64,))
-    model = vit.VisionTransformer(image_size=16, patch_size=4, dim=64, depth=2, heads=4)
+    model = vit.VisionTransformer(vit.ViTConfig(image_size=16, patch_size=4, dim=64, depth=2, heads=4))
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
     for step in range(300):
         loss = torch.nn.functional.cross_entropy(model(x), y)

@@ -100,7 +100,7 @@ def _bright_patch_task(n, seed):
 
 def test_rollout_of_a_trained_model_finds_the_patch_that_decides():
     torch.manual_seed(0)
-    model = vit.VisionTransformer(image_size=16, patch_size=4, num_classes=4, dim=32, depth=2, heads=2)
+    model = vit.VisionTransformer(vit.ViTConfig(image_size=16, patch_size=4, num_classes=4, dim=32, depth=2, heads=2))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     images, labels, _ = _bright_patch_task(512, seed=0)
     for _ in range(200):

@@ -1,5 +1,6 @@
-"""`scripts/train.py` end to end in subprocesses, on small fake CIFAR-10 data, CPU only, W&B offline."""
+"""`scripts/train.py` end to end in subprocesses, on small generated data, CPU only, W&B offline."""
 
+import hashlib
 import os
 import re
 import subprocess
@@ -9,17 +10,21 @@ from pathlib import Path
 import pytest
 import torch
 
+from test_folders import write_bad_files, write_images
+
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
+QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 
 
-def train(cwd: Path, data: Path, *extra: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def train(cwd: Path, data: Path | None, *extra: str, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(TESTS), "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
     env.pop("WANDB_API_KEY", None)
     env.pop("WANDB_MODE", None)
-    cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), "--config", str(ROOT / "configs" / "smoke.yaml"),
-           "--data.root", str(data), "--data.init_args.val_size", "100", "--data.init_args.num_workers", "0",
-           "--data.init_args.batch_size", "50", *extra]
+    data_args = ["--data.root", str(data), "--data.val_size", "100", "--data.num_workers", "0",
+                 "--data.batch_size", "50"] if data else []
+    mode, extra = (["test"], extra[1:]) if extra[:1] == ("test",) else ([], extra)
+    cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), *mode, "--config", "smoke", *data_args, *QUIET, *extra]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -33,58 +38,99 @@ def best_val_acc(ckpt: dict) -> float:
     return score
 
 
+def digest(folder: Path) -> dict:
+    return {p.relative_to(folder): hashlib.md5(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()}
+
+
+TEST_LINE = r"test on (\d+) images with (.*): top-1 ([\d.]+)%, top-5 ([\d.]+)%"
+
+
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory, fake_cifar_session):
     cwd = tmp_path_factory.mktemp("smoke")
-    proc = train(cwd, fake_cifar_session, "--data.init_args.num_workers", "2")
+    proc = train(cwd, fake_cifar_session, "--data.num_workers", "2")
     return cwd, proc
 
 
-def test_smoke_run_fits_checkpoints_and_tests(smoke_run):
+def test_smoke_run_writes_one_run_folder_and_tests(smoke_run):
     cwd, proc = smoke_run
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ckpts = cwd / "runs" / "smoke" / "checkpoints"
-    assert (ckpts / "last.ckpt").is_file()
-    (best,) = ckpts.glob("best-*.ckpt")
-    match = re.search(r"test on 200 images with .*: top-1 ([\d.]+)%, top-5 ([\d.]+)%", proc.stderr + proc.stdout)
-    assert match, proc.stderr[-2000:]
-    assert 0 <= float(match.group(1)) <= float(match.group(2)) <= 100
-    # the checkpoint alone rebuilds the model and its preprocessing
-    meta = load(best)["vit"]
+    run = cwd / "runs" / "smoke" / "version_0"
+    assert sorted(p.name for p in cwd.iterdir()) == ["runs"] and [p.name for p in run.parent.iterdir()] == ["version_0"]
+    assert {"checkpoints", "config.yaml", "metrics.csv", "wandb"} <= {p.name for p in run.iterdir()}
+    assert (run / "checkpoints" / "last.ckpt").is_file()
+    (best,) = (run / "checkpoints").glob("best-*.ckpt")
+    match = re.search(TEST_LINE, proc.stderr + proc.stdout)
+    assert match and match.group(1) == "200" and match.group(2) == str(best), proc.stderr[-2000:]
+    assert 0 <= float(match.group(3)) <= float(match.group(4)) <= 100
+    meta = load(best)["vit"]  # the checkpoint alone rebuilds the model and its preprocessing
     assert meta["config"]["dim"] == 64 and meta["config"]["num_classes"] == 10
     assert meta["class_names"][3] == "cat"
     assert meta["mean"] == pytest.approx([0.4914, 0.4822, 0.4465]) and len(meta["std"]) == 3
-    assert (cwd / "runs" / "smoke" / "config.yaml").is_file()  # the resolved config, next to the run
+    assert "run folder: runs/smoke/version_0" in proc.stderr
+
+
+def test_output_has_no_third_party_noise(smoke_run):
+    _, proc = smoke_run
+    out = proc.stderr + proc.stdout
+    for noise in ("litlogger", "Warning", "warn(", "anonymous", "exists and is not empty", "Restoring states"):
+        assert noise not in out, noise
+    assert out.count("GPU available") == 1  # not again for the test
 
 
 def test_smoke_run_logs_to_one_offline_wandb_run(smoke_run):
     cwd, proc = smoke_run
+    run = cwd / "runs" / "smoke" / "version_0"
     assert "logging offline" in proc.stderr + proc.stdout
-    (run_dir,) = (cwd / "runs" / "smoke" / "wandb").glob("offline-run-*")
-    (records,) = run_dir.glob("run-*.wandb")  # protobuf records: the metric keys appear verbatim
+    (wandb_dir,) = (run / "wandb").glob("offline-run-*")
+    (records,) = wandb_dir.glob("run-*.wandb")  # protobuf records: the metric keys appear verbatim
     data = records.read_bytes()
     for key in ("train/loss", "val/acc", "val/acc5", "val/acc_best", "test/acc", "test/acc5", "lr-AdamW"):
         assert key.encode() in data, key
-    assert list((run_dir / "files" / "media" / "table" / "val").glob("samples_*.table.json"))
-    meta = load(cwd / "runs" / "smoke" / "checkpoints" / "last.ckpt")["vit"]
-    assert meta["wandb_run_id"] and meta["wandb_run_id"] in run_dir.name
+    assert list((wandb_dir / "files" / "media" / "table" / "val").glob("samples_*.table.json"))
+    meta = load(run / "checkpoints" / "last.ckpt")["vit"]
+    assert meta["wandb_run_id"] and meta["wandb_run_id"] in wandb_dir.name
+    header = (run / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert {"epoch", "step", "val/acc", "train/loss", "test/acc"} <= set(header)
 
 
 def test_learning_is_real(smoke_run):
-    """The fake task is learnable (class = colour): the smoke recipe is far above 10% chance."""
-    cwd, proc = smoke_run
-    best = next((cwd / "runs" / "smoke" / "checkpoints").glob("best-*.ckpt"))
-    score = best_val_acc(load(best))
-    assert score >= 0.6, f"val/acc_best {score}"
+    """The generated task is learnable (class = colour): the smoke recipe is far above 10% chance."""
+    cwd, _ = smoke_run
+    best = next((cwd / "runs" / "smoke" / "version_0" / "checkpoints").glob("best-*.ckpt"))
+    assert best_val_acc(load(best)) >= 0.6
+
+
+def test_test_command_evaluates_a_checkpoint_like_the_end_of_fit(smoke_run, fake_cifar_session, tmp_path):
+    cwd, fit = smoke_run
+    (best,) = (cwd / "runs" / "smoke" / "version_0" / "checkpoints").glob("best-*.ckpt")
+    proc = train(tmp_path, fake_cifar_session, "test", "--ckpt_path", str(best), "--trainer.logger", "false")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert re.search(TEST_LINE, proc.stderr).groups() == re.search(TEST_LINE, fit.stderr).groups()
+    assert not list(tmp_path.iterdir())  # written into the checkpoint's own run folder, not here
+    proc = train(tmp_path, fake_cifar_session, "test")
+    assert proc.returncode == 2 and "test needs --ckpt_path" in proc.stderr
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--model.dim", "65"], "error: dim 65 is not divisible by heads 4"),
-    (["--model.lr", "fast"], 'error: Parser key "model.lr": Expected a <class \'float\'>. Got value: fast'),
-    (["--data.batch_size", "-3"], "error: batch_size must be positive, got -3"),
-    (["--data.pipeline", "gpu"], "error: pipeline must be 'workers' or 'device', got 'gpu'"),
-    (["--data.val_size", "5000"], "error: val_size must be in [0, 500), got 5000"),
-    (["--ckpt_path", "nowhere.ckpt"], "error: --ckpt_path nowhere.ckpt: no such checkpoint file"),
+    (["--model.arch.dim", "65"], "error: dim 65 is not divisible by heads 4"),
+    (["--model.lr", "fast"], 'error: Parser key "model.lr": Not of type PositiveFloat: could not convert string '
+                             "to float: 'fast'"),
+    (["--model.lr", "-1"], 'error: Parser key "model.lr": Not of type PositiveFloat: -1 does not conform to '
+                           'restriction v>0'),
+    (["--model.label_smoothing", "2"], 'error: Parser key "model.label_smoothing": Not of type ClosedUnitInterval: '
+                                       '2 does not conform to restriction v>=0 and v<=1'),
+    (["--data.batch_size", "-3"], 'error: Parser key "data.batch_size": Not of type PositiveInt: -3 does not '
+                                  'conform to restriction v>0'),
+    (["--data.pipeline", "gpu"], 'error: Parser key "data.pipeline": Expected a typing.Literal[\'workers\', '
+                                 "'device']. Got value: gpu"),
+    (["--data.val_size", "5000"], "error: val_size must leave images on both sides: between 1 and 499 of 500 "
+                                  "images, got 5000"),
+    (["--data.batch_size", "1000"], "error: the training set has 400 images, fewer than one batch of 1000: "
+                                    "lower --data.batch_size"),
+    (["--ckpt_path", "nowhere.ckpt"], "error: nowhere.ckpt: no such checkpoint file"),
+    (["--config", "nosuch"], "error: --config nosuch: neither a file nor a recipe name (finetune_cifar10, smoke, "
+                             "vit_cifar10, vit_cifar10_fast, vit_tiny_cifar10)"),
 ])
 def test_bad_config_value_is_one_clear_message(tmp_path, fake_cifar_session, args, message):
     proc = train(tmp_path, fake_cifar_session, *args)
@@ -95,45 +141,152 @@ def test_bad_config_value_is_one_clear_message(tmp_path, fake_cifar_session, arg
 
 
 def test_missing_dataset_offline_is_one_clear_message(tmp_path):
-    proc = train(tmp_path, tmp_path / "empty", "--data.init_args.download", "false")
+    proc = train(tmp_path, None, "--data.root", str(tmp_path / "empty"), "--data.download", "false")
     assert proc.returncode == 2
     assert "cifar-10-batches-py" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs" / "smoke" / "version_0").exists()  # no empty run folder left behind
 
 
 @pytest.mark.parametrize("pipeline", ["workers", "device"])
 def test_resume_matches_an_uninterrupted_run(tmp_path, fake_cifar_session, pipeline):
     args = ["--trainer.max_epochs", "2", "--trainer.logger", "false", "--test_after_fit", "false",
-            "--data.init_args.num_workers", "1", "--data.init_args.pipeline", pipeline]
+            "--data.num_workers", "1", "--data.pipeline", pipeline]
     full, part = tmp_path / "full", tmp_path / "part"
     full.mkdir(), part.mkdir()
     assert train(full, fake_cifar_session, *args).returncode == 0
     first = train(part, fake_cifar_session, *args, "--trainer.callbacks+=callbacks.StopAfterEpoch",
                   "--trainer.callbacks.epoch", "0")
     assert first.returncode == 0, first.stderr[-2000:]
-    assert load(part / "runs/smoke/checkpoints/last.ckpt")["epoch"] == 0
+    last = part / "runs/smoke/version_0/checkpoints/last.ckpt"
+    assert load(last)["epoch"] == 0
     resumed = train(part, fake_cifar_session, *args, "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    a, b = load(full / "runs/smoke/checkpoints/last.ckpt"), load(part / "runs/smoke/checkpoints/last.ckpt")
+    assert "resuming runs/smoke/version_0 (the newest run under runs/smoke) from its last.ckpt" in resumed.stderr
+    assert [p.name for p in (part / "runs/smoke").iterdir()] == ["version_0"]  # kept writing into its folder
+    a, b = load(full / "runs/smoke/version_0/checkpoints/last.ckpt"), load(last)
     assert a["global_step"] == b["global_step"] == 16
     for key, value in a["state_dict"].items():
         torch.testing.assert_close(b["state_dict"][key], value, rtol=0, atol=0, msg=key)
 
 
+def test_two_runs_side_by_side_never_collide(tmp_path, fake_cifar_session):
+    args = ["--trainer.max_epochs", "1", "--trainer.logger", "false", "--test_after_fit", "false"]
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "scripts" / "train.py"), "--config", "smoke",
+                               "--data.root", str(fake_cifar_session), "--data.val_size", "100",
+                               "--data.num_workers", "0", "--data.batch_size", "50", "--seed_everything", str(seed),
+                               *QUIET, *args], cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+             for seed in (1, 2)]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0], [p.stderr.read()[-1500:] for p in procs]
+    runs = sorted((tmp_path / "runs" / "smoke").iterdir())
+    assert [r.name for r in runs] == ["version_0", "version_1"]
+    heads = [load(r / "checkpoints" / "last.ckpt")["state_dict"]["model.head.weight"] for r in runs]
+    assert not torch.equal(*heads)  # each folder holds its own run
+    assert all(len(list((r / "checkpoints").glob("best-*.ckpt"))) == 1 for r in runs)
+    # the run named by --run is resumed, not the newest
+    proc = train(tmp_path, fake_cifar_session, *args[:-2], "--trainer.max_epochs", "2", "--ckpt_path", "last",
+                 "--run", "version_0", "--test_after_fit", "false")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "resuming runs/smoke/version_0 from its last.ckpt" in proc.stderr
+    assert load(runs[0] / "checkpoints" / "last.ckpt")["epoch"] == 1
+    assert load(runs[1] / "checkpoints" / "last.ckpt")["epoch"] == 0
+
+
+def test_nothing_is_written_to_the_working_directory(tmp_path, fake_cifar_session):
+    elsewhere, cwd = tmp_path / "elsewhere", tmp_path / "cwd"
+    cwd.mkdir()
+    proc = train(cwd, fake_cifar_session, "--trainer.max_epochs", "1", "--trainer.default_root_dir", str(elsewhere))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert list(cwd.iterdir()) == []
+    run = elsewhere / "version_0"
+    assert {"checkpoints", "config.yaml", "metrics.csv", "wandb"} <= {p.name for p in run.iterdir()}
+
+
+def test_a_diverged_run_stops_with_exit_3_and_keeps_its_good_checkpoints(tmp_path, fake_cifar_session):
+    args = ["--trainer.max_epochs", "3", "--trainer.logger", "false"]
+    proc = train(tmp_path, fake_cifar_session, *args, "--trainer.callbacks+=callbacks.StopAfterEpoch",
+                 "--trainer.callbacks.epoch", "0")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    checkpoints = tmp_path / "runs/smoke/version_0/checkpoints"
+    before = digest(checkpoints)
+    proc = train(tmp_path, fake_cifar_session, *args, "--ckpt_path", "last",
+                 "--trainer.callbacks+=callbacks.PoisonAtEpoch", "--trainer.callbacks.epoch", "1")
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and re.match(r"error: training diverged at step 8 \(epoch 1\): .* \(last finite loss "
+                                         r"\d+\.\d{4}\)\. Try a lower --model.lr", errors[0]), proc.stderr[-2000:]
+    assert "test on" not in proc.stderr and "Traceback" not in proc.stderr
+    assert digest(checkpoints) == before  # the last good last.ckpt and best checkpoint, untouched
+
+
+def test_a_huge_learning_rate_diverges_without_a_checkpoint(tmp_path, fake_cifar_session):
+    proc = train(tmp_path, fake_cifar_session, "--model.lr", "1e5", "--trainer.logger", "false")
+    assert proc.returncode == 3 and "training diverged at step" in proc.stderr, proc.stderr[-2000:]
+    assert not list(tmp_path.rglob("*.ckpt"))
+
+
+def test_unusable_checkpoints_to_resume_exit_2_and_overwrite_nothing(tmp_path, fake_cifar_session, trained_checkpoint):
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'pwned'}",))
+
+    (tmp_path / "corrupt.ckpt").write_bytes(trained_checkpoint.read_bytes()[:5000])
+    torch.save({"state_dict": {}, "payload": Exploit()}, tmp_path / "evil.ckpt")
+    cases = [(["--ckpt_path", str(tmp_path / "corrupt.ckpt")], "not a readable checkpoint"),
+             (["--ckpt_path", str(tmp_path / "evil.ckpt")], "refused, the checkpoint references code"),
+             (["--ckpt_path", str(trained_checkpoint), "--model.arch.dim", "96", "--model.arch.depth", "2"],
+              "its model does not fit this command line (dim: checkpoint 64, command line 96; depth: checkpoint 4, "
+              "command line 2)")]
+    run = trained_checkpoint.parent.parent
+    before = digest(run)
+    for args, message in cases:
+        proc = train(tmp_path, fake_cifar_session, *args)
+        assert proc.returncode == 2, (args, proc.stderr[-2000:])
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and message in errors[0] and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert digest(run) == before and not (tmp_path / "pwned").exists()
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*"))
+
+
+def test_own_image_folders_with_bad_and_rotated_files_train(tmp_path):
+    from PIL import Image
+
+    data = tmp_path / "photos"
+    write_images(data / "train" / "red", 12, (200, 20, 20))
+    write_images(data / "train" / "blue", 12, (20, 20, 200))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored sideways, as phones do
+    Image.new("RGB", (60, 30), (20, 20, 200)).save(data / "train" / "blue" / "phone.jpg", exif=exif)
+    write_bad_files(data / "train" / "red")
+    proc = train(tmp_path, None, "--data", "vit.data.ImageFolderDataModule", "--data.root", str(data),
+                 "--data.batch_size", "8", "--data.num_workers", "2", "--trainer.max_epochs", "2",
+                 "--trainer.logger", "false")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "runs" / "smoke" / "version_0"
+    listed = (run / "bad_files.txt").read_text().splitlines()
+    assert sorted(line.split("\t")[0].rsplit("/", 1)[1] for line in listed) == ["empty.png", "notes.png",
+                                                                               "truncated.jpg"]
+    assert re.search(r"skipping 3 of 28 images that cannot be read \(all listed in .*bad_files.txt\)", proc.stderr)
+    assert "has no test/ folder: the validation images are used for the test" in proc.stderr
+    assert re.search(r"test on (\d+) images with", proc.stderr).group(1) == str(round(0.1 * 25))  # of the good ones
+    assert "Traceback" not in proc.stderr and "warning: skipping" not in proc.stderr
+
+
 def test_ddp_two_processes_on_cpu(tmp_path, fake_cifar_session):
     proc = train(tmp_path, fake_cifar_session, "--trainer.devices", "2", "--trainer.strategy", "ddp",
-                 "--trainer.max_epochs", "1")
+                 "--trainer.max_epochs", "1", "--trainer.accelerator", "cpu")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ckpts = tmp_path / "runs" / "smoke" / "checkpoints"
-    (best,) = ckpts.glob("best-*.ckpt")
-    assert sorted(p.name for p in ckpts.iterdir()) == sorted([best.name, "last.ckpt"])
-    assert len(list((tmp_path / "runs" / "smoke" / "wandb").glob("offline-run-*"))) == 1
+    run = tmp_path / "runs" / "smoke" / "version_0"
+    assert [p.name for p in run.parent.iterdir()] == ["version_0"]  # both processes wrote into one folder
+    (best,) = (run / "checkpoints").glob("best-*.ckpt")
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == sorted([best.name, "last.ckpt"])
+    assert len(list((run / "wandb").glob("offline-run-*"))) == 1
     assert len(re.findall(r"test on 200 images", proc.stderr + proc.stdout)) == 1
     ckpt = load(best)
     ddp_acc = best_val_acc(ckpt)
 
     # the same weights, validated by a single process
     from vit.data import CIFAR10DataModule
-    from vit.training import ViTClassifier
+    from vit.module import ViTClassifier
 
     model = ViTClassifier(**{k: v for k, v in ckpt["hyper_parameters"].items() if not k.startswith("_")})
     model.load_state_dict(ckpt["state_dict"])
@@ -150,10 +303,21 @@ def test_resumed_run_continues_the_same_wandb_run(tmp_path, fake_cifar_session):
     first = train(tmp_path, fake_cifar_session, *args, "--trainer.callbacks+=callbacks.StopAfterEpoch",
                   "--trainer.callbacks.epoch", "0")
     assert first.returncode == 0, first.stderr[-2000:]
-    run_id = load(tmp_path / "runs/smoke/checkpoints/last.ckpt")["vit"]["wandb_run_id"]
+    run = tmp_path / "runs/smoke/version_0"
+    run_id = load(run / "checkpoints/last.ckpt")["vit"]["wandb_run_id"]
     resumed = train(tmp_path, fake_cifar_session, *args, "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    ckpt = load(tmp_path / "runs/smoke/checkpoints/last.ckpt")
+    ckpt = load(run / "checkpoints/last.ckpt")
     assert ckpt["epoch"] == 1 and ckpt["vit"]["wandb_run_id"] == run_id
-    runs = sorted((tmp_path / "runs" / "smoke" / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and all(r.name.endswith(run_id) for r in runs)
+    wandb_runs = sorted((run / "wandb").glob("offline-run-*"))
+    assert len(wandb_runs) == 2 and all(r.name.endswith(run_id) for r in wandb_runs)
+    epochs = [line.split(",")[0] for line in (run / "metrics.csv").read_text().splitlines()[1:]]
+    assert {"0", "1"} <= set(epochs)  # the resumed run appended to its metrics, it did not start them anew
+
+
+def test_help_shows_the_named_recipes_defaults():
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--config", "smoke", "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0
+    assert re.search(r"--model.arch.dim DIM\s+width D of every token. \(type: int, default: 64\)", proc.stdout)
+    assert "finetune_cifar10, smoke, vit_cifar10, vit_cifar10_fast, vit_tiny_cifar10" in " ".join(proc.stdout.split())

@@ -16,7 +16,7 @@ from contextlib import nullcontext
 
 import torch
 
-from vit.model import PRESETS, VisionTransformer
+from vit.model import PRESETS, ViTConfig, VisionTransformer
 
 
 def describe_device(device: torch.device) -> str:
@@ -62,7 +62,7 @@ def bench_model(preset: str, batch_size: int, device: torch.device, dtype: torch
                 steps: int, rounds: int, warmup: int = 2) -> dict:
     """Train and inference images/s (and peak memory on GPU) for ours vs timm's twin."""
     torch.manual_seed(0)
-    ours = VisionTransformer(**PRESETS[preset]).to(device)
+    ours = VisionTransformer(ViTConfig(**PRESETS[preset])).to(device)
     theirs = timm_twin(ours).to(device)
     images = torch.randn(batch_size, 3, ours.config.image_size, ours.config.image_size, device=device)
     labels = torch.randint(0, ours.config.num_classes, (batch_size,), device=device)
@@ -106,7 +106,7 @@ def bench_patch_embedding(preset: str, batch_size: int, device: torch.device, ro
     """Forward+backward of E as patchify + Linear (ours) against timm's stride-P convolution."""
     from timm.layers import PatchEmbed
 
-    model = VisionTransformer(**PRESETS[preset]).to(device)
+    model = VisionTransformer(ViTConfig(**PRESETS[preset])).to(device)
     c = model.config
     ours = model.patch_embedding
     conv = PatchEmbed(c.image_size, c.patch_size, c.in_channels, c.dim).to(device)
@@ -190,11 +190,11 @@ def bench_data(device: torch.device, batch_size: int, workers: int, n: int) -> d
     import torchvision
     from torchvision import transforms as T
 
-    from vit.data import CIFAR10_MEAN, CIFAR10_STD, CIFAR10DataModule
+    from vit.data import CIFAR10DataModule
     from vit.device_data import DeviceBatches
+    from vit.preprocessing import CIFAR10_MEAN, CIFAR10_STD, Normalize
 
-    mean = torch.tensor(CIFAR10_MEAN, device=device).view(1, 3, 1, 1)
-    std = torch.tensor(CIFAR10_STD, device=device).view(1, 3, 1, 1)
+    normalize = Normalize(CIFAR10_MEAN, CIFAR10_STD).to(device)
 
     class Normalised:  # the normalisation our LightningModule does on the device
         def __init__(self, batches):
@@ -203,7 +203,7 @@ def bench_data(device: torch.device, batch_size: int, workers: int, n: int) -> d
         def __iter__(self):
             for images, labels in self.batches:
                 images = images.to(device, non_blocking=True)
-                yield (images.float() / 255 - mean) / std, labels.to(device, non_blocking=True)
+                yield normalize(images), labels.to(device, non_blocking=True)
 
     class UncheckedCIFAR10(torchvision.datasets.CIFAR10):
         def _check_integrity(self):  # our generated files have their own md5s
@@ -214,7 +214,7 @@ def bench_data(device: torch.device, batch_size: int, workers: int, n: int) -> d
 
     with tempfile.TemporaryDirectory() as tmp:
         _fake_cifar(Path(tmp), n)
-        dm = CIFAR10DataModule(root=tmp, batch_size=batch_size, val_size=0, num_workers=workers, download=False)
+        dm = CIFAR10DataModule(root=tmp, batch_size=batch_size, val_size=10, num_workers=workers, download=False)
         dm.setup("fit")
         base = dm.train_set.dataset
         ours_device = DeviceBatches(base.images.to(device), base.labels.to(device), batch_size, seed=0,
@@ -238,9 +238,11 @@ def bench_training_step(preset: str, batch_size: int, device: torch.device, dtyp
                         compile_model: bool) -> dict:
     """Whole step on the device path: batch (crop+flip) → normalise → forward → loss → backward → AdamW."""
     from vit.device_data import DeviceBatches
+    from vit.preprocessing import CIFAR10_MEAN, CIFAR10_STD, Normalize
 
     torch.manual_seed(0)
-    model = VisionTransformer(**PRESETS[preset]).to(device).train()
+    normalize = Normalize(CIFAR10_MEAN, CIFAR10_STD).to(device)
+    model = VisionTransformer(ViTConfig(**PRESETS[preset])).to(device).train()
     if compile_model:
         model.compile()
     fused = {"fused": True} if device.type == "cuda" else {}
@@ -254,7 +256,7 @@ def bench_training_step(preset: str, batch_size: int, device: torch.device, dtyp
     def step():
         x, y = next(batches)
         with autocast:
-            loss = torch.nn.functional.cross_entropy(model((x.float() / 255 - 0.5) / 0.25), y)
+            loss = torch.nn.functional.cross_entropy(model(normalize(x)), y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -282,21 +284,21 @@ def bench_startup(repeats: int) -> dict:
     import subprocess
     import sys
     import tempfile
-    from dataclasses import asdict
     from pathlib import Path
 
     from PIL import Image
 
-    root = Path(__file__).resolve().parents[1]
+    from vit.preprocessing import Metadata
+
     with tempfile.TemporaryDirectory() as tmp:
-        model = VisionTransformer(**PRESETS["vit_tiny"])
+        model = VisionTransformer(ViTConfig(**PRESETS["vit_tiny"]))
         ckpt = Path(tmp) / "model.ckpt"
         torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-                    "vit": {"config": asdict(model.config), "class_names": [str(i) for i in range(10)],
-                            "mean": [0.5] * 3, "std": [0.25] * 3}}, ckpt)
+                    "vit": Metadata(model.config, [str(i) for i in range(10)], (0.5,) * 3, (0.25,) * 3).to_dict()},
+                   ckpt)
         Image.new("RGB", (64, 48), (120, 30, 200)).save(Path(tmp) / "cat.png")
         commands = {"import": [sys.executable, "-c", "import torch, torchvision"],
-                    "classify": [sys.executable, str(root / "scripts" / "classify.py"), "--checkpoint", str(ckpt),
+                    "classify": [sys.executable, "-m", "vit.commands.classify", "--checkpoint", str(ckpt),
                                  str(Path(tmp) / "cat.png")]}
         times = {k: [] for k in commands}
         for _ in range(repeats):

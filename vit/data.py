@@ -1,110 +1,45 @@
-"""Data: CIFAR-10 in its official python format, and class-per-folder images.
+"""DataModules: a small shared base (uint8 batches, seeded stratified split, loaders, ``classes``) and
+one module per source: CIFAR-10 in its official python format, and your own class folders.
 
 The pipeline has three separable stages:
-  1. store  — the whole dataset decoded once into a uint8 tensor N×3×H×W (CIFAR) or read from disk;
-  2. augment — per-sample uint8 transforms (crop+flip, AutoAugment/RandAugment) in DataLoader workers;
+  1. store   — CIFAR-10 decoded once into a uint8 tensor N×3×32×32; image folders read from disk
+               with the one loader everything shares (``vit.images.load_image``);
+  2. augment — per-sample uint8 transforms (resize, crop+flip, AutoAugment/RandAugment) in DataLoader
+               workers, or for CIFAR-10 on the device (``pipeline: device``, ``vit.device_data``);
   3. normalise (+ random erasing, Mixup/CutMix) — per batch on the device, in the LightningModule.
-Batches are therefore uint8 images and integer labels; ``mean``/``std`` belong to the model
-(``ViTClassifier``), so a checkpoint preprocesses exactly as training did.
+Batches are uint8 images and integer labels; mean/std belong to the model (``vit.preprocessing``).
 """
 
 from __future__ import annotations
 
-import pickle
-import tarfile
-import urllib.error
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
+from typing import Literal
 
 import lightning as L
-import numpy as np
 import torch
+from jsonargparse.typing import NonNegativeInt, OpenUnitInterval, PositiveInt
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import default_collate
+from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
-from vit.images import find_images, load_image
+from vit import cifar
+from vit.cifar import DatasetError
+from vit.images import IMAGE_SUFFIXES, ImageError, check_image, load_image
+from vit.preprocessing import resize
 
-CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
-CIFAR10_STD = (0.2470, 0.2435, 0.2616)
-
-
-class DatasetError(RuntimeError):
-    """A dataset that is missing, malformed or cannot be fetched; the message says what to do."""
-
-
-# --- reading the official files safely ------------------------------------------------------
-
-_ALLOWED_GLOBALS = {  # all a CIFAR batch pickle may reference: numpy arrays of plain dtypes, and
-    ("_codecs", "encode"),  # the str → bytes call Python 3 writes for bytes in protocol 2
-    ("numpy.core.multiarray", "_reconstruct"),
-    ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy", "ndarray"),
-    ("numpy", "dtype"),
-}
-
-
-class _RestrictedUnpickler(pickle.Unpickler):
-    def find_class(self, module, name):
-        if (module, name) in _ALLOWED_GLOBALS:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"forbidden global {module}.{name}")
-
-
-def _load_pickle(path: Path) -> dict:
-    try:
-        with open(path, "rb") as f:
-            obj = _RestrictedUnpickler(f, encoding="bytes").load()
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: file is missing") from None
-    except Exception as e:  # noqa: BLE001 - any unpickling failure is a malformed file
-        raise DatasetError(f"{path}: not a valid CIFAR batch file ({type(e).__name__}: {e})") from None
-    if not isinstance(obj, dict):
-        raise DatasetError(f"{path}: expected a pickled dict, got {type(obj).__name__}")
-    return {k.decode() if isinstance(k, bytes) else k: v for k, v in obj.items()}
-
-
-def read_cifar_meta(path: Path) -> list[str]:
-    meta = _load_pickle(path)
-    names = meta.get("label_names")
-    if not isinstance(names, list) or not names or not all(isinstance(n, (bytes, str)) for n in names):
-        raise DatasetError(f"{path}: 'label_names' must be a non-empty list of strings")
-    return [n.decode() if isinstance(n, bytes) else n for n in names]
-
-
-def read_cifar_batch(path: Path, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One official batch file → (uint8 N×3×32×32, int64 N), validated."""
-    batch = _load_pickle(path)
-    data, labels = batch.get("data"), batch.get("labels")
-    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
-        shape = getattr(data, "shape", None)
-        raise DatasetError(f"{path}: 'data' must be a uint8 array N×3072, got {type(data).__name__} {shape}")
-    if not isinstance(labels, list) or len(labels) != len(data):
-        raise DatasetError(f"{path}: 'labels' must be a list of {len(data)} integers")
-    labels_t = torch.tensor(labels, dtype=torch.int64) if labels else torch.zeros(0, dtype=torch.int64)
-    if len(labels_t) and (labels_t.min() < 0 or labels_t.max() >= num_classes):
-        raise DatasetError(f"{path}: labels must lie in [0, {num_classes}), "
-                           f"found [{labels_t.min().item()}, {labels_t.max().item()}]")
-    images = torch.from_numpy(data.copy()).view(-1, 3, 32, 32)  # rows are R, G, B planes of 32×32
-    return images, labels_t
-
-
-class TensorImageDataset(Dataset):
-    """Stage 1 (a uint8 tensor in memory) with stage 2 (per-sample uint8 transform)."""
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform=None):
-        self.images, self.labels, self.transform = images, labels, transform
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i):
-        image = self.images[i]
-        return (self.transform(image) if self.transform else image), self.labels[i]
+__all__ = ["CIFAR10DataModule", "DatasetError", "ImageDataModule", "ImageFolderDataModule"]
 
 
 def stratified_split(labels: torch.Tensor, val_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Seeded split with each class's share of the validation set equal to its share of the data."""
-    if not 0 <= val_size < len(labels):
-        raise ValueError(f"val_size must be in [0, {len(labels)}), got {val_size}")
+    if not 0 < val_size < len(labels):
+        raise ValueError(f"val_size must leave images on both sides: between 1 and {len(labels) - 1} "
+                         f"of {len(labels)} images, got {val_size}")
     g = torch.Generator().manual_seed(seed)
     perm = torch.randperm(len(labels), generator=g)
     counts = torch.bincount(labels)
@@ -119,8 +54,8 @@ def stratified_split(labels: torch.Tensor, val_size: int, seed: int) -> tuple[to
     return train_idx.sort().values, val_idx.sort().values
 
 
-def train_transform(image_size: int, crop_padding: int, hflip: bool, auto_augment: str | None):
-    """Stage 2 on uint8 tensors: random crop with padding, flip, optional AutoAugment/RandAugment."""
+def augmentation(crop_padding: int, hflip: bool, auto_augment: str | None, image_size: int):
+    """Stage 2 on uint8 tensors: random crop with reflect padding, flip, optional AutoAugment/RandAugment."""
     steps = []
     if crop_padding > 0:
         steps.append(v2.RandomCrop(image_size, padding=crop_padding, padding_mode="reflect"))
@@ -136,131 +71,164 @@ def train_transform(image_size: int, crop_padding: int, hflip: bool, auto_augmen
         elif name == "trivialaugment":
             steps.append(v2.TrivialAugmentWide())
         else:
-            raise ValueError(f"auto_augment must be autoaugment, randaugment[-N-M] or trivialaugment, got {auto_augment!r}")
-    return v2.Compose(steps) if steps else None
+            raise ValueError(f"auto_augment must be autoaugment, randaugment[-N-M] or trivialaugment, "
+                             f"got {auto_augment!r}")
+    return steps
 
 
-class CIFAR10DataModule(L.LightningDataModule):
-    """CIFAR-10 (or any dataset in its official python format) as uint8 batches."""
+class TensorImageDataset(Dataset):
+    """Stage 1 (a uint8 tensor in memory) with stage 2 (a per-sample uint8 transform)."""
 
-    url = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
-    archive_md5 = "c58f30108f718f92721af3b95e74349a"
-    folder = "cifar-10-batches-py"
-    train_files = tuple(f"data_batch_{i}" for i in range(1, 6))
-    test_file = "test_batch"
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform=None):
+        self.images, self.labels, self.transform = images, labels, transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        image = self.images[i]
+        return (self.transform(image) if self.transform else image), self.labels[i]
+
+
+class ImageDataModule(L.LightningDataModule):
+    """What every source shares: uint8 batches, a seeded stratified validation split, loaders."""
 
     def __init__(
         self,
-        root: str = "data",
-        batch_size: int = 128,
-        val_size: int = 5000,
-        num_workers: int = 4,
+        root: str,
+        batch_size: PositiveInt = 128,
+        val_size: PositiveInt | OpenUnitInterval = 0.1,
+        num_workers: NonNegativeInt = 4,
         seed: int = 0,
-        image_size: int = 32,
-        crop_padding: int = 4,
+        image_size: PositiveInt = 32,
+        crop_padding: NonNegativeInt = 4,
         hflip: bool = True,
         auto_augment: str | None = None,
-        download: bool = True,
-        pipeline: str = "workers",
     ):
-        """``pipeline``: "workers" (per-sample uint8 transforms in DataLoader workers, any policy) or
-        "device" (the train set resident on the GPU, crop+flip per sample in one batched gather;
-        ``vit.device_data``)."""
+        """
+        Args:
+            root: where the dataset is.
+            batch_size: images per batch and process (the global batch is batch_size × devices × nodes).
+            val_size: validation images split off the training set: a count, or a fraction in (0, 1).
+            num_workers: DataLoader worker processes per loader.
+            seed: seed of the validation split.
+            image_size: side every image is resized to (linked to model.arch.image_size).
+            crop_padding: random crop after reflect padding by this many pixels (0: no crop).
+            hflip: random horizontal flips.
+            auto_augment: autoaugment, randaugment[-N-M] or trivialaugment (per image, in workers).
+        """
         super().__init__()
-        self.save_hyperparameters()
-        if batch_size <= 0:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        if pipeline not in ("workers", "device"):
-            raise ValueError(f"pipeline must be 'workers' or 'device', got {pipeline!r}")
-        if pipeline == "device" and (auto_augment or image_size != 32):
+        self.root = Path(root)
+        self.batch_size, self.val_size, self.num_workers, self.seed = batch_size, val_size, num_workers, seed
+        self.image_size = image_size
+        self.augment = augmentation(crop_padding, hflip, auto_augment, image_size)  # validates the choice
+        self.crop_padding, self.hflip = crop_padding, hflip
+        self.classes: list[str] | None = None
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def train_transform(self):
+        return v2.Compose([self.eval_transform(), *self.augment])
+
+    def eval_transform(self):
+        return partial(resize, size=self.image_size)  # vit.preprocessing: what inference does too
+
+    def split(self, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stratified (train, validation) indices; ``val_size`` as a count or a fraction."""
+        count = self.val_size if isinstance(self.val_size, int) else max(1, round(self.val_size * len(labels)))
+        return stratified_split(labels, count, self.seed)
+
+    def run_dir(self) -> Path | None:
+        """The run folder of the Trainer this module is attached to (vit.runs), if any."""
+        return Path(self.trainer.default_root_dir) if self.trainer is not None else None
+
+    # Workers are not persistent: each epoch's workers are seeded from that epoch's RNG state, which is
+    # what makes a resumed run identical to an uninterrupted one (vit.callbacks.EpochSeed).
+    def _loader(self, dataset, train: bool, collate_fn=None) -> DataLoader:
+        return DataLoader(dataset, batch_size=self.batch_size, shuffle=train, drop_last=train,
+                          num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
+                          collate_fn=collate_fn)
+
+    def train_dataloader(self):
+        if len(self.train_set) < self.batch_size:
+            raise ValueError(f"the training set has {len(self.train_set)} images, fewer than one batch of "
+                             f"{self.batch_size}: lower --data.batch_size")
+        return self._loader(self.train_set, train=True)
+
+    def val_dataloader(self):
+        return self._loader(self.val_set, train=False)
+
+    def test_dataloader(self):
+        return self._loader(self.test_set, train=False)
+
+
+class CIFAR10DataModule(ImageDataModule):
+    """CIFAR-10 (or any dataset in its official python format), held in memory as uint8."""
+
+    url, archive_md5 = cifar.URL, cifar.ARCHIVE_MD5
+
+    def __init__(self, root: str = "data", download: bool = True,
+                 pipeline: Literal["workers", "device"] = "workers", **kwargs):
+        """
+        Args:
+            root: the folder that holds cifar-10-batches-py/ (downloaded there when absent).
+            download: download the official archive when the folder is absent.
+            pipeline: "workers" (per-image transforms in DataLoader workers, any policy) or "device"
+                (the train set resident on the accelerator, crop+flip per image in one batched gather).
+        """
+        super().__init__(root=root, **kwargs)
+        self.download, self.pipeline = download, pipeline
+        if pipeline == "device" and (kwargs.get("auto_augment") or self.image_size != 32):
             raise ValueError("pipeline 'device' does crop+flip on 32×32 images only: "
                              "use pipeline 'workers' for auto_augment or resizing")
-        if val_size < 0:
-            raise ValueError(f"val_size must be non-negative, got {val_size}")
-        train_transform(32, crop_padding, hflip, auto_augment)  # validate the choice now
-        self.root = Path(root)
-        self.classes: list[str] | None = None
         self._train_epochs = 0  # train iterators made so far (device pipeline; saved in checkpoints)
 
-    # --- stage 1 ---------------------------------------------------------------------------
     @property
-    def data_dir(self) -> Path:
-        return self.root / self.folder
-
-    def _complete(self) -> bool:
-        return all((self.data_dir / f).is_file() for f in (*self.train_files, self.test_file, "batches.meta"))
+    def folder(self) -> Path:
+        return self.root / cifar.FOLDER
 
     def prepare_data(self) -> None:
-        """Download and extract the official archive when the extracted folder is absent."""
-        if self._complete():
+        if cifar.is_complete(self.folder):
             return
-        if not self.hparams.download:
-            raise DatasetError(f"CIFAR-10 not found: expected the folder {self.data_dir} "
-                               f"with {', '.join(self.train_files)}, {self.test_file} and batches.meta")
-        from torchvision.datasets.utils import download_and_extract_archive
-
-        try:  # torchvision re-fetches an archive whose md5 is wrong (partial or corrupt download)
-            download_and_extract_archive(self.url, str(self.root), md5=self.archive_md5)
-        except (urllib.error.URLError, OSError, RuntimeError, tarfile.TarError) as e:
-            raise DatasetError(
-                f"CIFAR-10 is not in {self.data_dir} and could not be downloaded from {self.url} ({e}). "
-                f"Download and extract cifar-10-python.tar.gz yourself so that {self.data_dir} "
-                f"holds data_batch_1..5, test_batch and batches.meta, or pass --data.root DIR "
-                f"for a DIR that contains {self.folder}/."
-            ) from None
-        if not self._complete():
-            raise DatasetError(f"the downloaded archive did not contain {self.data_dir} with all batch files")
-
-    def _read(self, files) -> tuple[torch.Tensor, torch.Tensor]:
-        parts = [read_cifar_batch(self.data_dir / f, len(self.classes)) for f in files]
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        if not self.download:
+            raise DatasetError(f"CIFAR-10 not found: expected the folder {self.folder} with "
+                               f"{', '.join(cifar.TRAIN_FILES)}, {cifar.TEST_FILE} and {cifar.META_FILE}")
+        cifar.download(self.root, self.url, self.archive_md5)
 
     def setup(self, stage: str | None = None) -> None:
-        if not self._complete():
-            self.prepare_data()  # e.g. when used without a Trainer
-        self.classes = read_cifar_meta(self.data_dir / "batches.meta")
-        hp = self.hparams
-        resize = [] if hp.image_size == 32 else [v2.Resize((hp.image_size, hp.image_size), antialias=True)]
-        eval_tf = v2.Compose(resize) if resize else None
+        self.prepare_data()  # a no-op when the folder is complete; also makes the module usable alone
+        self.classes = cifar.read_meta(self.folder / cifar.META_FILE)
         if stage in (None, "fit", "validate"):
-            images, labels = self._read(self.train_files)
-            train_idx, val_idx = stratified_split(labels, hp.val_size, hp.seed)
-            aug = train_transform(hp.image_size, hp.crop_padding, hp.hflip, hp.auto_augment)
-            train_tf = v2.Compose(resize + ([aug] if aug else [])) if (resize or aug) else None
-            self.train_set = Subset(TensorImageDataset(images, labels, train_tf), train_idx)
-            self.val_set = Subset(TensorImageDataset(images, labels, eval_tf), val_idx)
+            images, labels = cifar.read_split(self.folder, cifar.TRAIN_FILES, self.num_classes)
+            train_idx, val_idx = self.split(labels)
+            self.train_set = Subset(TensorImageDataset(images, labels, self.train_transform()), train_idx)
+            self.val_set = Subset(TensorImageDataset(images, labels, self.eval_transform()), val_idx)
         if stage in (None, "test", "predict"):
-            images, labels = self._read([self.test_file])
-            self.test_set = TensorImageDataset(images, labels, eval_tf)
+            self.test_set = TensorImageDataset(*cifar.read_split(self.folder, [cifar.TEST_FILE], self.num_classes),
+                                               self.eval_transform())
 
     @property
     def num_classes(self) -> int:
         """From batches.meta when the data is here; CIFAR-10's 10 before it is downloaded."""
-        if self.classes is None and self._complete():
-            self.classes = read_cifar_meta(self.data_dir / "batches.meta")
+        if self.classes is None and cifar.is_complete(self.folder):
+            self.classes = cifar.read_meta(self.folder / cifar.META_FILE)
         return len(self.classes) if self.classes is not None else 10
 
-    # --- loaders ---------------------------------------------------------------------------
-    def _loader(self, dataset, train: bool) -> DataLoader:
-        # Workers are not persistent: each epoch's workers are seeded from that epoch's RNG state,
-        # which is what makes a resumed run identical to an uninterrupted one (training.EpochSeed).
-        return DataLoader(dataset, batch_size=self.hparams.batch_size, shuffle=train, drop_last=train,
-                          num_workers=self.hparams.num_workers, pin_memory=torch.cuda.is_available())
-
     def train_dataloader(self):
-        if self.hparams.pipeline == "workers":
-            return self._loader(self.train_set, train=True)
+        if self.pipeline == "workers":
+            return super().train_dataloader()
         from vit.device_data import DeviceBatches
 
         trainer = self.trainer
         device = trainer.strategy.root_device if trainer else torch.device("cpu")
-        base = self.train_set.dataset
-        idx = self.train_set.indices
-        return DeviceBatches(base.images[idx].to(device), base.labels[idx].to(device), self.hparams.batch_size,
-                             self.hparams.seed, epoch=self._next_train_epoch,
+        base, idx = self.train_set.dataset, self.train_set.indices
+        return DeviceBatches(base.images[idx].to(device), base.labels[idx].to(device), self.batch_size,
+                             self.seed, epoch=self._next_train_epoch,
                              rank=trainer.global_rank if trainer else 0,
                              world_size=trainer.world_size if trainer else 1,
-                             padding=self.hparams.crop_padding, hflip=self.hparams.hflip)
+                             padding=self.crop_padding, hflip=self.hflip)
 
     def _next_train_epoch(self) -> int:
         """Epochs are counted here, and saved in checkpoints: Lightning makes the first train iterator
@@ -274,73 +242,113 @@ class CIFAR10DataModule(L.LightningDataModule):
     def load_state_dict(self, state_dict: dict) -> None:
         self._train_epochs = state_dict.get("train_epochs", 0)
 
-    def val_dataloader(self):
-        return self._loader(self.val_set, train=False)
 
-    def test_dataloader(self):
-        return self._loader(self.test_set, train=False)
+def _skip_unreadable(batch):
+    """collate_fn: drop the images that failed to load after the setup check (see ClassFolder)."""
+    return default_collate([sample for sample in batch if sample is not None])
 
 
-class ImageFileDataset(Dataset):
-    def __init__(self, files: list[Path], labels: list[int], transform):
-        self.files, self.labels, self.transform = files, torch.tensor(labels, dtype=torch.int64), transform
+class ClassFolder(ImageFolder):
+    """torchvision's ImageFolder over ``root/<class>/...`` with a given class list (so train/, val/ and
+    test/ index classes alike), our loader (EXIF-aware, any mode) and our image suffixes. An image that
+    fails to load after passing the setup check is skipped with one warning, never a worker traceback."""
 
-    def __len__(self) -> int:
-        return len(self.files)
+    def __init__(self, root: Path, classes: list[str], transform):
+        self.fixed_classes = classes
+        super().__init__(str(root), transform=transform, loader=load_image, allow_empty=True,
+                         is_valid_file=lambda p: Path(p).suffix.lower() in IMAGE_SUFFIXES)
+
+    def find_classes(self, directory):
+        return self.fixed_classes, {c: i for i, c in enumerate(self.fixed_classes)}
+
+    def drop(self, paths: set[str]) -> None:
+        self.samples = self.imgs = [s for s in self.samples if s[0] not in paths]
+        self.targets = [t for _, t in self.samples]
 
     def __getitem__(self, i):
-        return self.transform(load_image(self.files[i])), self.labels[i]
+        path, target = self.samples[i]
+        try:
+            image = self.loader(path)
+        except ImageError as e:
+            print(f"warning: skipping {path}: {e}", file=sys.stderr)
+            return None
+        return self.transform(image), target
 
 
-class ImageFolderDataModule(CIFAR10DataModule):
-    """Your own images, one folder per class: ``root/train/<class>/*`` and optionally ``root/val/``
-    and ``root/test/`` with the same class folders (without ``val/``, ``val_size`` images are split
-    off ``train/``, stratified; without ``test/``, testing uses the validation images). Images of any
-    size and mode are resized to ``image_size``×``image_size``, then augmented like CIFAR-10."""
+class ImageFolderDataModule(ImageDataModule):
+    """Your own images, one folder per class: ``root/train/<class>/*``, optionally ``root/val/`` and
+    ``root/test/`` with the same class folders. Without ``val/``, ``val_size`` of ``train/`` is split
+    off, stratified; without ``test/``, the validation images are used for the test. Every file is
+    checked at setup; unreadable ones are skipped (listed in the run folder's bad_files.txt) or stop
+    the run before training. Images of any size and mode are resized to image_size × image_size."""
 
-    def __init__(self, root: str = "data/images", batch_size: int = 64, val_size: int = 0, num_workers: int = 4,
-                 seed: int = 0, image_size: int = 224, crop_padding: int = 0, hflip: bool = True,
-                 auto_augment: str | None = None):
-        super().__init__(root, batch_size, val_size, num_workers, seed, image_size, crop_padding, hflip,
-                         auto_augment, download=False)
+    def __init__(self, root: str, on_bad_file: Literal["skip", "error"] = "skip", **kwargs):
+        """
+        Args:
+            root: the folder that holds train/<class>/ (and optionally val/, test/).
+            on_bad_file: "skip" unreadable images with one summary line, or "error": stop before training.
+        """
+        super().__init__(root=root, **kwargs)
+        self.on_bad_file = on_bad_file
         train = self.root / "train"
         if not train.is_dir():
             raise DatasetError(f"{train} is not a folder: expected {self.root}/train/<class>/<images>")
         self.classes = sorted(d.name for d in train.iterdir() if d.is_dir())
         if not self.classes:
-            raise DatasetError(f"{train} has no class folders")
+            raise DatasetError(f"{train} has no class folders: expected {train}/<class>/<images>")
+        self.bad_files: dict[str, str] = {}
 
-    def _scan(self, split: str) -> tuple[list[Path], list[int]] | None:
+    def _folder(self, split: str, transform) -> ClassFolder | None:
         folder = self.root / split
         if not folder.is_dir():
             return None
-        files, labels = [], []
-        for label, name in enumerate(self.classes):
-            found = find_images([folder / name]) if (folder / name).is_dir() else []
-            files += found
-            labels += [label] * len(found)
-        if not files:
-            raise DatasetError(f"{folder} holds no images in the class folders {self.classes}")
-        return files, labels
+        extra = sorted(d.name for d in folder.iterdir() if d.is_dir() and d.name not in self.classes)
+        if extra:
+            raise DatasetError(f"{folder} has class folders that train/ lacks: {', '.join(extra)}")
+        return ClassFolder(folder, self.classes, transform)
 
-    def prepare_data(self) -> None:
-        pass
+    def _check(self, datasets: list[ClassFolder]) -> None:
+        """Check every file cheaply (vit.images.check_image), in threads; skip or stop on bad ones."""
+        paths = [path for ds in datasets for path, _ in ds.samples]
+        with ThreadPoolExecutor(max(1, self.num_workers)) as pool:
+            reasons = list(pool.map(check_image, paths))
+        self.bad_files = {p: r for p, r in zip(paths, reasons) if r is not None}
+        if not self.bad_files:
+            return
+        first = "; ".join(f"{Path(p).relative_to(self.root)} ({r})" for p, r in list(self.bad_files.items())[:3])
+        more = f" and {len(self.bad_files) - 3} more" if len(self.bad_files) > 3 else ""
+        if self.on_bad_file == "error":
+            raise DatasetError(f"{len(self.bad_files)} of {len(paths)} images in {self.root} cannot be read: "
+                               f"{first}{more}. Remove them, or pass --data.on_bad_file skip")
+        listing = ""
+        run_dir = self.run_dir()
+        if run_dir is not None and self.trainer.is_global_zero:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "bad_files.txt").write_text("".join(f"{p}\t{r}\n" for p, r in self.bad_files.items()))
+            listing = f" (all listed in {run_dir / 'bad_files.txt'})"
+        rank_zero_info(f"skipping {len(self.bad_files)} of {len(paths)} images that cannot be read{listing}: "
+                       f"{first}{more}")
+        for ds in datasets:
+            ds.drop(set(self.bad_files))
 
     def setup(self, stage: str | None = None) -> None:
-        hp = self.hparams
-        resize = v2.Resize((hp.image_size, hp.image_size), antialias=True)
-        aug = train_transform(hp.image_size, hp.crop_padding, hp.hflip, hp.auto_augment)
-        train_tf = v2.Compose([resize] + ([aug] if aug else []))
-        files, labels = self._scan("train")
-        val = self._scan("val")
-        if val is None:
-            train_idx, val_idx = stratified_split(torch.tensor(labels), hp.val_size, hp.seed)
-            val = ([files[i] for i in val_idx], [labels[i] for i in val_idx])
-            files, labels = [files[i] for i in train_idx], [labels[i] for i in train_idx]
-        self.train_set = ImageFileDataset(files, labels, train_tf)
-        self.val_set = ImageFileDataset(*val, resize)
-        self.test_set = ImageFileDataset(*(self._scan("test") or val), resize)
+        if not hasattr(self, "train_set"):  # fit, then test: the folders are scanned and checked once
+            self._scan()
 
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
+    def _scan(self) -> None:
+        train = self._folder("train", self.train_transform())
+        val, test = self._folder("val", self.eval_transform()), self._folder("test", self.eval_transform())
+        self._check([ds for ds in (train, val, test) if ds is not None])
+        if not train.samples:
+            raise DatasetError(f"{self.root / 'train'} holds no readable images in the class folders {self.classes}")
+        if val is None:
+            train_idx, val_idx = self.split(torch.tensor(train.targets))
+            val = Subset(ClassFolder(self.root / "train", self.classes, self.eval_transform()), val_idx.tolist())
+            val.dataset.drop(set(self.bad_files))
+            train = Subset(train, train_idx.tolist())
+        if test is None:
+            rank_zero_info(f"{self.root} has no test/ folder: the validation images are used for the test")
+        self.train_set, self.val_set, self.test_set = train, val, test or val
+
+    def _loader(self, dataset, train: bool, collate_fn=None) -> DataLoader:
+        return super()._loader(dataset, train, collate_fn=_skip_unreadable)

@@ -6,7 +6,7 @@ VisionTransformer. Framework-free: plain torch + einops. Converting timm weights
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,22 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ViTConfig:
+    """The architecture: the one definition of a ViT's shape, passed whole to ``VisionTransformer``.
+
+    Args:
+        image_size: side S of the square input image, in pixels.
+        patch_size: side P of a square patch; N = (S/P)² patches.
+        in_channels: channels C of the input image.
+        num_classes: classes of the linear head on [cls].
+        dim: width D of every token.
+        depth: number L of encoder blocks.
+        heads: attention heads h per block (d_k = D/h).
+        mlp_ratio: hidden width of each block's MLP, as a multiple of D.
+        dropout: dropout on E_pos-added tokens, MLP and W^o outputs.
+        attn_dropout: dropout on the attention weights.
+        drop_path: stochastic-depth rate of the last block (linear from 0 over depth).
+    """
+
     image_size: int = 32
     patch_size: int = 4
     in_channels: int = 3
@@ -154,38 +170,19 @@ class Block(nn.Module):
 class VisionTransformer(nn.Module):
     """ViT: logits = head(LN(Encoder([x_cls; x_p E] + E_pos))[cls])."""
 
-    def __init__(
-        self,
-        image_size: int = 32,
-        patch_size: int = 4,
-        in_channels: int = 3,
-        num_classes: int = 10,
-        dim: int = 192,
-        depth: int = 12,
-        heads: int = 3,
-        mlp_ratio: float = 4.0,
-        dropout: float = 0.0,
-        attn_dropout: float = 0.0,
-        drop_path: float = 0.0,
-    ):
+    def __init__(self, config: ViTConfig):
         super().__init__()
-        cfg = ViTConfig(image_size, patch_size, in_channels, num_classes, dim, depth, heads,
-                        mlp_ratio, dropout, attn_dropout, drop_path)
-        self.config = cfg
-        self.patch_embedding = PatchEmbedding(patch_size, in_channels, dim)  # E
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))  # x_cls
-        self.pos_embedding = nn.Parameter(torch.zeros(1, cfg.num_patches + 1, dim))  # E_pos
-        self.pos_drop = nn.Dropout(dropout)
+        cfg = self.config = config
+        self.patch_embedding = PatchEmbedding(cfg.patch_size, cfg.in_channels, cfg.dim)  # E
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.dim))  # x_cls
+        self.pos_embedding = nn.Parameter(torch.zeros(1, cfg.num_patches + 1, cfg.dim))  # E_pos
+        self.pos_drop = nn.Dropout(cfg.dropout)
         # Stochastic depth grows linearly with depth, as in DeiT and timm.
-        rates = torch.linspace(0, drop_path, depth).tolist()
+        rates = torch.linspace(0, cfg.drop_path, cfg.depth).tolist()
         self.blocks = nn.ModuleList(Block(cfg, rate) for rate in rates)
-        self.norm = nn.LayerNorm(dim, eps=1e-6)
-        self.head = nn.Linear(dim, num_classes)
+        self.norm = nn.LayerNorm(cfg.dim, eps=1e-6)
+        self.head = nn.Linear(cfg.dim, cfg.num_classes)
         self.reset_parameters()
-
-    @classmethod
-    def from_config(cls, config: ViTConfig | dict) -> "VisionTransformer":
-        return cls(**(asdict(config) if isinstance(config, ViTConfig) else config))
 
     def reset_parameters(self) -> None:
         """timm's ViT initialisation: trunc-normal(0.02) for E_pos and every linear map."""
@@ -226,7 +223,7 @@ def create_model(name: str, **overrides) -> VisionTransformer:
     """A preset by name (see PRESETS), with any constructor argument overridden."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
-    return VisionTransformer(**{**PRESETS[name], **overrides})
+    return VisionTransformer(ViTConfig(**{**PRESETS[name], **overrides}))
 
 
 # --- timm weights ---------------------------------------------------------------------------

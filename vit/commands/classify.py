@@ -13,7 +13,8 @@ import sys
 import torch
 
 from vit.images import ImageError, find_images, load_image
-from vit.inference import CheckpointError, load_classifier
+from vit.checkpoints import CheckpointError
+from vit.inference import load_classifier
 
 
 def parse_args(argv):
@@ -31,7 +32,7 @@ def parse_args(argv):
     return args
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
     if device == "auto":

@@ -1,0 +1,138 @@
+"""Your own image folders (torchvision ImageFolder underneath), the one image loader, fine-tuning weights."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import save_file
+from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+from vit.data import DatasetError, ImageFolderDataModule
+from vit.images import check_image, load_image
+from vit.inference import Classifier
+from vit.model import ViTConfig, VisionTransformer
+from vit.module import ViTClassifier
+from vit.preprocessing import Metadata
+
+
+def write_images(folder, n, colour, size=40, seed=0):
+    """n noisy images of one colour, PNG and JPEG, of varied sizes and modes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        pixels = np.clip(np.array(colour)[None, None] + rng.normal(0, 25, (size + i, size + 2 * i, 3)), 0, 255)
+        image = Image.fromarray(pixels.astype(np.uint8))
+        (image if i % 3 else image.convert("L")).save(folder / (f"{i}.jpg" if i % 2 else f"{i}.png"))
+
+
+def write_bad_files(folder):
+    folder.mkdir(parents=True, exist_ok=True)
+    jpeg = folder / "whole.jpg"
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(jpeg, quality=90)
+    (folder / "truncated.jpg").write_bytes(jpeg.read_bytes()[: jpeg.stat().st_size // 2])
+    jpeg.unlink()
+    (folder / "empty.png").write_bytes(b"")
+    (folder / "notes.png").write_text("not an image")
+
+
+@pytest.fixture
+def folders(tmp_path):
+    write_images(tmp_path / "train" / "red", 10, (200, 20, 20))
+    write_images(tmp_path / "train" / "blue", 10, (20, 20, 200))
+    return tmp_path
+
+
+def test_default_split_is_a_stratified_tenth_never_empty(folders):
+    dm = ImageFolderDataModule(root=str(folders), image_size=32, num_workers=0, batch_size=4)
+    assert dm.classes == ["blue", "red"] and dm.num_classes == 2
+    dm.setup("fit")
+    assert len(dm.train_set) == 18 and len(dm.val_set) == 2 and dm.test_set is dm.val_set
+    assert sorted(dm.val_set.dataset.targets[i] for i in dm.val_set.indices) == [0, 1]  # one per class
+    images, labels = next(iter(dm.train_dataloader()))
+    assert images.shape == (4, 3, 32, 32) and images.dtype == torch.uint8 and set(labels.tolist()) <= {0, 1}
+
+
+def test_val_and_test_folders_index_classes_as_train_does(folders):
+    write_images(folders / "val" / "red", 3, (200, 20, 20))  # no blue/ in val: red must stay class 1
+    write_images(folders / "test" / "blue", 2, (20, 20, 200))
+    dm = ImageFolderDataModule(root=str(folders), image_size=16, num_workers=0)
+    dm.setup("fit")
+    assert len(dm.train_set) == 20 and dm.val_set.targets == [1, 1, 1] and dm.test_set.targets == [0, 0]
+    write_images(folders / "test" / "green", 1, (20, 200, 20))
+    with pytest.raises(DatasetError, match="class folders that train/ lacks: green"):
+        ImageFolderDataModule(root=str(folders), num_workers=0).setup("fit")
+
+
+def test_unreadable_files_are_skipped_and_the_good_ones_all_kept(folders):
+    write_bad_files(folders / "train" / "red")
+    dm = ImageFolderDataModule(root=str(folders), image_size=16, num_workers=0, val_size=4)
+    dm.setup("fit")
+    assert sorted(p.rsplit("/", 1)[1] for p in dm.bad_files) == ["empty.png", "notes.png", "truncated.jpg"]
+    assert len(dm.train_set) + len(dm.val_set) == 20
+    every = [dm.train_set[i] for i in range(len(dm.train_set))] + [dm.val_set[i] for i in range(len(dm.val_set))]
+    assert all(sample is not None and sample[0].shape == (3, 16, 16) for sample in every)
+    with pytest.raises(DatasetError, match=r"3 of 23 images .* cannot be read: .*empty.png"):
+        ImageFolderDataModule(root=str(folders), num_workers=0, on_bad_file="error").setup("fit")
+
+
+def test_check_image_is_cheap_but_finds_truncation(tmp_path):
+    write_bad_files(tmp_path)
+    Image.new("RGB", (20, 20)).save(tmp_path / "ok.png")
+    (tmp_path / "cut.png").write_bytes((tmp_path / "ok.png").read_bytes()[:60])
+    assert check_image(tmp_path / "ok.png") is None
+    assert "truncated" in check_image(tmp_path / "truncated.jpg")
+    assert check_image(tmp_path / "empty.png") == "empty file"
+    for name in ("notes.png", "cut.png"):
+        assert "not a readable image" in check_image(tmp_path / name)
+
+
+def test_exif_orientation_is_applied(tmp_path):
+    """A phone photo stored sideways (landscape pixels, orientation tag 6 = rotate 90° clockwise)."""
+    pixels = np.zeros((20, 40, 3), np.uint8)  # stored: 20 high, 40 wide; left half red
+    pixels[:, :20] = (255, 0, 0)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(pixels).save(tmp_path / "phone.jpg", exif=exif, quality=95)
+    image = load_image(tmp_path / "phone.jpg")
+    assert image.shape == (3, 40, 20)  # shown upright: 40 high, 20 wide
+    assert image[0, :15].float().mean() > 200 and image[0, 25:].float().mean() < 50  # red on top
+
+
+def test_classify_input_equals_the_validation_loaders(folders):
+    """One preprocessing definition: the tensor classify feeds the model for a file is the tensor the
+    validation loader gives for that file."""
+    dm = ImageFolderDataModule(root=str(folders), image_size=24, num_workers=0, val_size=6)
+    dm.setup("fit")
+    config = ViTConfig(image_size=24, patch_size=4, num_classes=2, dim=16, depth=1, heads=2)
+    classifier = Classifier(VisionTransformer(config), Metadata(config, dm.classes, (0.5,) * 3, (0.25,) * 3))
+    for i in range(len(dm.val_set)):
+        path, _ = dm.val_set.dataset.samples[dm.val_set.indices[i]]
+        torch.testing.assert_close(classifier.preprocess(load_image(path)), dm.val_set[i][0], rtol=0, atol=0)
+
+
+def finetune_module(path, **arch):
+    module = ViTClassifier(ViTConfig(image_size=48, patch_size=8, dim=48, depth=2, heads=3, **arch),
+                           pretrained=str(path))
+    module._trainer = SimpleNamespace(ckpt_path=None, datamodule=None)  # what setup("fit") reads
+    return module
+
+
+@pytest.mark.parametrize("fmt", ["pth", "safetensors"])
+def test_finetune_loads_timm_weights_at_fit_resampling_pos_embedding(tmp_path, fmt):
+    torch.manual_seed(0)
+    timm_model = TimmViT(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=1000)
+    path = tmp_path / f"weights.{fmt}"
+    state = {k: v.contiguous() for k, v in timm_model.state_dict().items()}
+    save_file(state, path) if fmt == "safetensors" else torch.save(state, path)
+    module = finetune_module(path)  # a 48×48 input with patch 8 has a 6×6 grid, the weights a 4×4 one
+    vit = module.model
+    assert not torch.equal(vit.cls_token, timm_model.cls_token)  # constructing (or loading a checkpoint) reads nothing
+    module.setup("fit")
+    assert vit.pos_embedding.shape == (1, 37, 48) and vit.head.weight.shape == (10, 48)
+    torch.testing.assert_close(vit.pos_embedding[:, 0], timm_model.pos_embed[:, 0])  # [cls] position kept
+    torch.testing.assert_close(vit.blocks[1].attn.out_proj.weight, timm_model.blocks[1].attn.proj.weight)
+    torch.testing.assert_close(vit.cls_token, timm_model.cls_token)
+    with pytest.raises(ValueError, match="shape mismatch"):
+        finetune_module(path, mlp_ratio=2.0).setup("fit")
