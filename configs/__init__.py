@@ -8,6 +8,7 @@ from pathlib import Path
 
 BASE = "base"  # trainer, loggers, checkpoints: what every recipe shares
 DEFAULT = "vit_cifar10"  # the recipe that runs when none is named
+CPU = "cpu"  # ... and when none is named on a machine without a GPU
 
 
 def names() -> list[str]:

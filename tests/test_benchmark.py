@@ -35,11 +35,13 @@ def test_benchmark_quick_writes_json(tmp_path):
 
 
 def test_analytic_flops_follow_the_notes():
-    from vit.benchmark import flops_per_image
+    from vit.model import flops_per_image
     from vit.model import ViTConfig, VisionTransformer
 
     m = VisionTransformer(ViTConfig(image_size=32, patch_size=4, dim=192, depth=12, heads=3))
     t, d = 65, 192
     expected = 12 * 2 * (12 * t * d * d + 2 * t * t * d) + 2 * 64 * 48 * d + 2 * d * 10
-    assert flops_per_image(m, train=False) == expected
-    assert flops_per_image(m, train=True) == 3 * expected
+    assert flops_per_image(m.config, train=False) == expected
+    assert flops_per_image(m.config, train=True) == 3 * expected
+    half = ViTConfig(dim=192, depth=12, heads=3, mlp_ratio=2.0)  # the MLP's share scales with its ratio
+    assert flops_per_image(half) == expected - 12 * 2 * (4 * t * d * d)

@@ -90,8 +90,14 @@ def test_smoke_run_logs_to_one_offline_wandb_run(smoke_run):
     assert list((wandb_dir / "files" / "media" / "table" / "val").glob("samples_*.table.json"))
     meta = load(run / "checkpoints" / "last.ckpt")["vit"]
     assert meta["wandb_run_id"] and meta["wandb_run_id"] in wandb_dir.name
+    assert f"model-{meta['wandb_run_id']}".encode() in data  # best and last checkpoints as artifacts (log_model)
+    for key in (b"ModelCheckpoint", b"seed_everything", b"pipeline"):  # the whole config: callbacks, data, ...
+        assert key in data, key
+    for key in ("report/learning_curves", "report/confusion_matrix", "report/test_examples"):
+        assert key.encode() in data, key
     header = (run / "metrics.csv").read_text().splitlines()[0].split(",")
     assert {"epoch", "step", "val/acc", "train/loss", "test/acc"} <= set(header)
+    assert "class_path: vit.callbacks.Throughput" in (run / "config.yaml").read_text()  # ThroughputMonitor is on
 
 
 def test_learning_is_real(smoke_run):
@@ -129,15 +135,21 @@ def test_test_command_evaluates_a_checkpoint_like_the_end_of_fit(smoke_run, fake
     (["--data.batch_size", "1000"], "error: the training set has 400 images, fewer than one batch of 1000: "
                                     "lower --data.batch_size"),
     (["--ckpt_path", "nowhere.ckpt"], "error: nowhere.ckpt: no such checkpoint file"),
-    (["--config", "nosuch"], "error: --config nosuch: neither a file nor a recipe name (finetune_cifar10, smoke, "
+    (["--config", "nosuch"], "error: --config nosuch: neither a file nor a recipe name (cpu, finetune_cifar10, smoke, "
                              "vit_cifar10, vit_cifar10_fast, vit_tiny_cifar10)"),
 ])
-def test_bad_config_value_is_one_clear_message(tmp_path, fake_cifar_session, args, message):
-    proc = train(tmp_path, fake_cifar_session, *args)
-    assert proc.returncode == 2
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert errors == [message], proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr
+def test_bad_config_value_is_one_clear_message(tmp_path, fake_cifar_session, args, message, capsys, monkeypatch):
+    """vit-train's main() in this process (the subprocess start-up, 12 times, is what these would cost)."""
+    from vit.commands.train import main
+
+    monkeypatch.chdir(tmp_path)
+    code = main(["--config", "smoke", "--data.root", str(fake_cifar_session), "--data.val_size", "100",
+                 "--data.num_workers", "0", "--data.batch_size", "50", *QUIET, "--trainer.logger", "false", *args])
+    stderr = capsys.readouterr().err
+    assert code == 2
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert errors == [message], stderr[-2000:]
+    assert "Traceback" not in stderr
 
 
 def test_missing_dataset_offline_is_one_clear_message(tmp_path):
@@ -321,3 +333,58 @@ def test_help_shows_the_named_recipes_defaults():
     assert proc.returncode == 0
     assert re.search(r"--model.arch.dim DIM\s+width D of every token. \(type: int, default: 64\)", proc.stdout)
     assert "finetune_cifar10, smoke, vit_cifar10, vit_cifar10_fast, vit_tiny_cifar10" in " ".join(proc.stdout.split())
+
+
+def test_a_run_leaves_figures_drawn_from_its_logged_metrics(smoke_run, fake_cifar_session):
+    from PIL import Image
+
+    from vit import report
+
+    cwd, _ = smoke_run
+    run = cwd / "runs" / "smoke" / "version_0"
+    for name in (report.CURVES, report.CONFUSION, report.EXAMPLES):
+        with Image.open(run / name) as png:
+            assert png.width >= 500 and png.height >= 300, name
+    metrics = report.read_metrics(run / "metrics.csv")
+    assert [e for e, _ in metrics["val/acc"]] == [0.0, 1.0, 2.0]  # 3 epochs of the smoke recipe
+    figure = report.learning_curves(metrics)
+    loss, accuracy, lr = figure.axes
+    for ax, key in ((loss, "train/loss"), (loss, "val/loss"), (accuracy, "train/acc"), (accuracy, "val/acc")):
+        (line,) = [ln for ln in ax.lines if ln.get_label() == key.split("/")[0]]
+        assert list(line.get_ydata()) == [v for _, v in metrics[key]], key
+    assert list(lr.lines[0].get_ydata()) == [v for _, v in metrics["lr-AdamW/pg1"]]
+    # vit-report draws them again from the run folder alone
+    for name in (report.CURVES, report.CONFUSION, report.EXAMPLES):
+        (run / name).unlink()
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "report.py"), str(run), *QUIET], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert all((run / name).is_file() for name in (report.CURVES, report.CONFUSION, report.EXAMPLES))
+
+
+def test_time_budget_schedule_ends_at_min_lr(tmp_path, fake_cifar_session):
+    """max_time cuts the run wherever it is: the cosine, laid over the budget, is at min_lr by then."""
+    proc = train(tmp_path, fake_cifar_session, "--trainer.max_epochs", "-1", "--trainer.max_time", "00:00:00:08",
+                 "--trainer.logger", "vit.loggers.CSVLogger", "--trainer.log_every_n_steps", "1",
+                 "--test_after_fit", "false")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "then cosine to 0.0001 at 8 s of training" in proc.stderr and "Time limit reached" in proc.stderr
+    from vit import report
+
+    lr = [v for _, v in report.read_metrics(tmp_path / "runs/smoke/version_0/metrics.csv")["lr-AdamW/pg1"]]
+    peak = 2e-3 * 50 / 128
+    assert len(lr) > 16 and max(lr) > 0.9 * peak  # more than two epochs, warmed up to the peak
+    assert lr[-1] < 1e-4 + 0.05 * (peak - 1e-4)  # and ended at the bottom of the cosine
+
+
+def test_without_a_gpu_the_default_is_the_cpu_recipe(tmp_path, fake_cifar_session):
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    env.pop("VIT_ASSUME_GPU", None)
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--data.root", str(fake_cifar_session),
+                           "--trainer.max_time", "00:00:00:03", "--test_after_fit", "false", *QUIET],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert ("no GPU here: the default recipe vit_cifar10 is a GPU recipe (100 epochs, bf16), so this runs the cpu "
+            "recipe (10 minutes)") in proc.stderr
+    config = (tmp_path / "runs" / "cpu" / "version_0" / "config.yaml").read_text()
+    assert "pipeline: device" in config and "max_time: 00:00:00:03" in config

@@ -16,7 +16,7 @@ from contextlib import nullcontext
 
 import torch
 
-from vit.model import PRESETS, ViTConfig, VisionTransformer
+from vit.model import PRESETS, ViTConfig, VisionTransformer, flops_per_image
 
 
 def describe_device(device: torch.device) -> str:
@@ -138,18 +138,6 @@ def format_table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
-def flops_per_image(model: VisionTransformer, train: bool) -> float:
-    """The notes' analytic count: per block ≈ 2·(12·T·D² + 2·T²·D) forward (T = N+1 tokens), plus E and
-    the head; ×3 for a training step (forward + backward)."""
-    c = model.config
-    t, d = c.num_patches + 1, c.dim
-    forward = c.depth * 2 * (12 * t * d * d + 2 * t * t * d)
-    forward += 2 * c.num_patches * c.patch_size ** 2 * c.in_channels * d + 2 * d * c.num_classes
-    return forward * (3 if train else 1)
-
-
-# Dense bf16 tensor-core peaks from the vendors' datasheets, for MFU.
-PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}
 
 
 def _fake_cifar(root, n: int) -> None:
@@ -269,13 +257,59 @@ def bench_training_step(preset: str, batch_size: int, device: torch.device, dtyp
         step()
     _sync(device)
     img_s = batch_size * steps / (time.perf_counter() - start)
-    tflops = flops_per_image(model, train=True) * img_s / 1e12
+    tflops = flops_per_image(model.config, train=True) * img_s / 1e12
     row = {"preset": preset, "batch_size": batch_size, "dtype": str(dtype).removeprefix("torch."),
-           "compiled": compile_model, "img_s": img_s, "gflop_per_img": flops_per_image(model, True) / 1e9,
+           "compiled": compile_model, "img_s": img_s, "gflop_per_img": flops_per_image(model.config, True) / 1e9,
            "achieved_tflops": tflops}
     if device.type == "cuda":
-        peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in torch.cuda.get_device_name(device)), None)
-        row["mfu"] = tflops / peak if peak and dtype == torch.bfloat16 else None
+        from lightning.fabric.utilities.throughput import get_available_flops
+
+        peak = get_available_flops(device, dtype)  # Lightning's table of dense peaks
+        row["mfu"] = tflops * 1e12 / peak if peak else None
+    return row
+
+
+def _checkpoint(path, config: ViTConfig) -> None:
+    """A checkpoint as vit-train writes it (weights + metadata), of an untrained model."""
+    from vit.preprocessing import Metadata
+
+    model = VisionTransformer(config)
+    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+                "vit": Metadata(config, [str(i) for i in range(config.num_classes)], (0.5,) * 3,
+                                (0.25,) * 3).to_dict()}, path)
+
+
+def bench_classify(n: int, workers: int) -> dict:
+    """vit-classify on ``n`` generated photos of mixed sizes (64–640 px, JPEG and PNG), images/s of the whole
+    command run in this process (start-up excluded): decoding in ``workers`` DataLoader processes vs in the
+    main process. The model is the cpu recipe's (D=64, L=4), so decoding is what the workers share."""
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+    from PIL import Image
+
+    from vit.commands.classify import main as classify
+
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        (tmp / "images").mkdir()
+        for i in range(n):
+            h, w = rng.integers(64, 641, 2)
+            ramp = np.linspace(0, 255, w)[None, :, None] * rng.random(3) + rng.normal(0, 12, (h, w, 3))
+            image = Image.fromarray(np.clip(ramp, 0, 255).astype(np.uint8))
+            image.save(tmp / "images" / (f"{i:05d}.jpg" if i % 4 else f"{i:05d}.png"), quality=90)
+        ckpt = tmp / "model.ckpt"
+        _checkpoint(ckpt, ViTConfig(dim=64, depth=4, heads=4, mlp_ratio=2.0))
+        row = {"images": n, "workers": workers}
+        for name, w in (("one_process", 0), ("workers", workers)):
+            argv = ["--checkpoint", str(ckpt), str(tmp / "images"), "--workers", str(w), "--output",
+                    str(tmp / "out.csv"), "--device", "cpu"]
+            start = time.perf_counter()
+            classify(argv)
+            row[f"img_s_{name}"] = n / (time.perf_counter() - start)
+    row["ratio"] = row["img_s_workers"] / row["img_s_one_process"]
     return row
 
 
@@ -288,14 +322,9 @@ def bench_startup(repeats: int) -> dict:
 
     from PIL import Image
 
-    from vit.preprocessing import Metadata
-
     with tempfile.TemporaryDirectory() as tmp:
-        model = VisionTransformer(ViTConfig(**PRESETS["vit_tiny"]))
         ckpt = Path(tmp) / "model.ckpt"
-        torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-                    "vit": Metadata(model.config, [str(i) for i in range(10)], (0.5,) * 3, (0.25,) * 3).to_dict()},
-                   ckpt)
+        _checkpoint(ckpt, ViTConfig(**PRESETS["vit_tiny"]))
         Image.new("RGB", (64, 48), (120, 30, 200)).save(Path(tmp) / "cat.png")
         commands = {"import": [sys.executable, "-c", "import torch, torchvision"],
                     "classify": [sys.executable, "-m", "vit.commands.classify", "--checkpoint", str(ckpt),
@@ -344,6 +373,11 @@ def run(args) -> dict:
         print("# whole training step (device data path + forward + backward + AdamW)")
         print(format_table(report["step"], ["preset", "batch_size", "dtype", "compiled", "img_s", "gflop_per_img",
                                             "achieved_tflops"] + (["mfu"] if device.type == "cuda" else [])))
+    if "classify" in sections:
+        report["classify"] = bench_classify(40 if quick else args.classify_images, args.workers)
+        print(f"# vit-classify throughput on generated photos of mixed sizes, images/s: "
+              f"{args.workers} decoding workers vs the main process")
+        print(format_table([report["classify"]], ["images", "workers", "img_s_one_process", "img_s_workers", "ratio"]))
     if "startup" in sections:
         report["startup"] = bench_startup(1 if quick else args.startup_repeats)
         print("# classify one image from the shell vs `python -c 'import torch, torchvision'`, seconds (median)")

@@ -9,6 +9,8 @@ import time
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ThroughputMonitor
+from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -199,3 +201,28 @@ class WandbRollout(L.Callback):
         pictures = [overlay(img, upsample(r.cpu(), *img.shape[-2:])) for img, r in zip(images, rollout)]
         captions = [f"{names[p.argmax()]} ({p.max():.2f})" for p in probs.cpu()]
         logger.log_image(key="val/rollout", images=pictures, caption=captions)
+
+
+def batch_size(batch) -> int:
+    return batch[0].size(0)
+
+
+class Throughput(ThroughputMonitor):
+    """Lightning's ThroughputMonitor: samples/s, and with the model's analytic FLOPs per batch (the notes'
+    count, ``ViTClassifier.flops_per_batch``) TFLOP/s and MFU against Lightning's table of device peaks."""
+
+    def __init__(self, window_size: int = 100):
+        super().__init__(batch_size_fn=batch_size, window_size=window_size)
+
+
+class LogConfig(SaveConfigCallback):
+    """LightningCLI's config.yaml in the run folder, and the whole resolved config (trainer, callbacks,
+    model, data) in the W&B run's config."""
+
+    def save_config(self, trainer, pl_module, stage) -> None:
+        wandb = _wandb(trainer)
+        if wandb is not None:
+            import yaml
+
+            wandb.experiment.config.update(yaml.safe_load(self.parser.dump(self.config, skip_none=False)),
+                                           allow_val_change=True)

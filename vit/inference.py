@@ -56,7 +56,12 @@ def _build(meta, state: dict, where: str) -> Classifier:
 
 
 def load_classifier(path: str | Path) -> Classifier:
-    """A Lightning checkpoint (.ckpt) of the training command, or an export (.safetensors + .json)."""
+    """A Lightning checkpoint (.ckpt) of the training command, an export (.safetensors + .json), or a
+    timm Hub folder of a ViT: ``local-dir:DIR`` or ``hf-hub:USER/REPO`` (vit.hub)."""
+    if str(path).startswith(("local-dir:", "hf-hub:")):
+        from vit.hub import load_timm_folder
+
+        return load_timm_folder(str(path))
     path = Path(path)
     if path.suffix == ".safetensors":
         return _load_export(path)

@@ -41,7 +41,9 @@ class WandbLogger(_LightningWandbLogger):
     def __init__(self, *args, **kwargs):
         mode = os.environ.get("WANDB_MODE")
         if not kwargs.get("offline") and mode is None and not wandb_credentials_present():
-            kwargs["offline"] = True
+            # wandb's own offline mode (not Lightning's offline=True, which refuses log_model): checkpoint
+            # artifacts are kept in the run folder and uploaded by `wandb sync` with the rest
+            kwargs["mode"] = "offline"
             rank_zero_info("wandb: no credentials found (WANDB_API_KEY or `wandb login`), logging offline; "
                            f"upload later with `wandb sync {kwargs.get('save_dir', '.')}/wandb/offline-run-*`")
         super().__init__(*args, **kwargs)

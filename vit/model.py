@@ -22,6 +22,7 @@ __all__ = [
     "load_pretrained",
     "load_timm_state_dict",
     "timm_state_dict_to_vit",
+    "vit_state_dict_to_timm",
 ]
 
 
@@ -219,6 +220,16 @@ class VisionTransformer(nn.Module):
         return (logits, attentions) if return_attention else logits
 
 
+def flops_per_image(config: ViTConfig, train: bool = False) -> int:
+    """The notes' analytic count: per block 2·(12·T·D² + 2·T²·D) forward, T = N+1 tokens — QKV, W^o and an
+    MLP of ratio r are (4 + 2r)·T·D² multiply-adds (12 at r = 4), QKᵀ and AV 2·T²·D — plus E and the head;
+    ×3 for a training step (the backward pass costs twice the forward)."""
+    t, d = config.num_patches + 1, config.dim
+    forward = config.depth * 2 * ((4 + 2 * config.mlp_ratio) * t * d * d + 2 * t * t * d)
+    forward += 2 * config.num_patches * config.patch_size ** 2 * config.in_channels * d + 2 * d * config.num_classes
+    return int(forward * (3 if train else 1))
+
+
 def create_model(name: str, **overrides) -> VisionTransformer:
     """A preset by name (see PRESETS), with any constructor argument overridden."""
     if name not in PRESETS:
@@ -252,6 +263,38 @@ def timm_state_dict_to_vit(state_dict: dict[str, torch.Tensor]) -> dict[str, tor
             key = key.replace(old, new)
         out[key] = value
     return out
+
+
+def vit_state_dict_to_timm(state_dict: dict[str, torch.Tensor], patch_size: int) -> dict[str, torch.Tensor]:
+    """The inverse of ``timm_state_dict_to_vit``: our keys to timm's, E back to the stride-P conv weight."""
+    out = {}
+    for key, value in state_dict.items():
+        if key == "patch_embedding.proj.weight":
+            out["patch_embed.proj.weight"] = rearrange(value, "d (p1 p2 c) -> d c p1 p2", p1=patch_size, p2=patch_size)
+            continue
+        for timm_key, ours in _TIMM_RENAMES.items():
+            key = key.replace(ours, timm_key)
+        out[key] = value
+    return out
+
+
+def timm_model_args(config: ViTConfig) -> dict:
+    """Arguments of timm's ``VisionTransformer`` that build this architecture (pre-norm, [cls] pooling,
+    LayerNorm eps 1e-6, qkv bias: timm's defaults)."""
+    return dict(img_size=config.image_size, patch_size=config.patch_size, in_chans=config.in_channels,
+                num_classes=config.num_classes, embed_dim=config.dim, depth=config.depth, num_heads=config.heads,
+                mlp_ratio=config.mlp_ratio)
+
+
+def vit_config_from_timm(model_args: dict) -> ViTConfig:
+    """``timm_model_args`` read back (timm's defaults where an argument is absent)."""
+    img = model_args.get("img_size", 224)
+    patch = model_args.get("patch_size", 16)
+    return ViTConfig(image_size=img if isinstance(img, int) else img[0],
+                     patch_size=patch if isinstance(patch, int) else patch[0],
+                     in_channels=model_args.get("in_chans", 3), num_classes=model_args.get("num_classes", 1000),
+                     dim=model_args.get("embed_dim", 768), depth=model_args.get("depth", 12),
+                     heads=model_args.get("num_heads", 12), mlp_ratio=model_args.get("mlp_ratio", 4.0))
 
 
 def load_timm_state_dict(model: VisionTransformer, state_dict: dict[str, torch.Tensor]) -> None:

@@ -8,11 +8,12 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from jsonargparse.typing import ClosedUnitInterval, NonNegativeFloat, PositiveFloat, PositiveInt
+from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from vit.model import ViTConfig, VisionTransformer, load_pretrained
+from vit.model import ViTConfig, VisionTransformer, flops_per_image, load_pretrained
 from vit.preprocessing import CIFAR10_MEAN, CIFAR10_STD, Metadata, Normalize
 
 
@@ -34,8 +35,8 @@ class ViTClassifier(L.LightningModule):
         cutmix: NonNegativeFloat = 0.0,
         mix_prob: ClosedUnitInterval = 1.0,
         random_erasing: ClosedUnitInterval = 0.0,
-        mean: tuple[float, ...] = CIFAR10_MEAN,
-        std: tuple[float, ...] = CIFAR10_STD,
+        mean: tuple[float, ...] | None = None,
+        std: tuple[float, ...] | None = None,
         pretrained: str | None = None,
         compile: bool = False,
     ):
@@ -54,20 +55,29 @@ class ViTClassifier(L.LightningModule):
             cutmix: CutMix alpha (0: off).
             mix_prob: probability of applying Mixup/CutMix to a batch.
             random_erasing: probability of random erasing per image.
-            mean: per-channel mean of the normalisation (x/255 − mean) / std.
-            std: per-channel std of the normalisation.
-            pretrained: start from timm ViT weights: a timm model name, or a .pth/.safetensors file.
+            mean: per-channel mean of the normalisation (x/255 − mean) / std; default: the pretrained
+                weights' (their pretrained_cfg), else CIFAR-10's.
+            std: per-channel std of the normalisation; default as for mean.
+            pretrained: start from timm ViT weights: a timm model name, hf-hub:USER/REPO, local-dir:DIR, or a
+                .pth/.safetensors file (loaded when fit starts, never when a checkpoint is loaded).
             compile: torch.compile the model when fit starts.
         """
         super().__init__()
         arch = ViTConfig(**arch) if isinstance(arch, dict) else arch  # a checkpoint stores it as a dict
+        if mean is None or std is None:  # resolved once and stored: a checkpoint never looks them up again
+            from vit.hub import pretrained_normalization
+
+            default_mean, default_std = (pretrained and pretrained_normalization(pretrained)) or (CIFAR10_MEAN, CIFAR10_STD)
+            mean, std = mean or default_mean, std or default_std
         self.save_hyperparameters(ignore=["arch"])
+        self.hparams.update(mean=tuple(mean), std=tuple(std))
         self.hparams["arch"] = asdict(arch)  # plain types: checkpoints load with weights_only=True
         self.model = VisionTransformer(arch)
         self.normalize = Normalize(mean, std)
         if len(mean) != arch.in_channels:
             raise ValueError(f"mean and std need {arch.in_channels} values each, got {mean}, {std}")
         self.class_names: list[str] = [str(i) for i in range(arch.num_classes)]
+        self.warmup_end_time: float | None = None  # training seconds at the end of warmup (time budgets)
 
         self.mixup_fn = None
         if (mixup > 0 or cutmix > 0) and mix_prob > 0:
@@ -96,6 +106,11 @@ class ViTClassifier(L.LightningModule):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 images → logits, normalised as the checkpoint says (vit.preprocessing)."""
         return self.model(self.normalize(images))
+
+    @property
+    def flops_per_batch(self) -> int:
+        """Analytic FLOPs of one training step of one process (vit.model.flops_per_image), for Throughput."""
+        return flops_per_image(self.model.config, train=True) * self.trainer.datamodule.batch_size
 
     def metadata(self) -> Metadata:
         return Metadata(self.model.config, self.class_names, tuple(self.hparams.mean), tuple(self.hparams.std))
@@ -139,11 +154,19 @@ class ViTClassifier(L.LightningModule):
         self.log("val/acc_best", self.val_acc_best.compute() if self.val_acc_best.update_called else 0.0,
                  prog_bar=True)
 
+    def on_test_epoch_start(self):
+        self.test_predictions: list[tuple[torch.Tensor, torch.Tensor]] = []
+
     def test_step(self, batch, batch_idx):
-        return self._evaluate(batch, self.test_loss, self.test_acc, self.test_acc5, "test")
+        logits = self._evaluate(batch, self.test_loss, self.test_acc, self.test_acc5, "test")
+        self.test_predictions.append((logits.float().softmax(-1).cpu(), batch[1].cpu()))  # for vit.report
+        return logits
 
     # --- optimisation -------------------------------------------------------------------------
     def configure_optimizers(self):
+        """AdamW and timm's warmup + cosine, stepped per update. The cosine spans the run: its steps,
+        or — when ``--trainer.max_time`` is set — the time budget, whichever ends the run first, so a
+        run cut off by the clock still ends at ``min_lr``."""
         from timm.optim import create_optimizer_v2
         from timm.scheduler import CosineLRScheduler
 
@@ -151,22 +174,49 @@ class ViTClassifier(L.LightningModule):
         global_batch = trainer.datamodule.batch_size * trainer.world_size * trainer.accumulate_grad_batches
         lr = hp.lr * global_batch / hp.lr_batch_size
         total = trainer.estimated_stepping_batches
-        if total == float("inf"):
-            raise ValueError("set --trainer.max_epochs or --trainer.max_steps: the cosine schedule needs a length")
-        epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else 1
-        warmup = min(int(round(hp.warmup_epochs * total / epochs)), int(total) - 1)
+        trainer.fit_loop.setup_data()  # (done already unless the run is open-ended) num_training_batches
+        self._timer = next((cb for cb in trainer.callbacks if isinstance(cb, Timer)), None)
+        if total == float("inf") and self._timer is None:
+            raise ValueError("set --trainer.max_epochs, --trainer.max_steps or --trainer.max_time: "
+                             "the cosine schedule needs a length")
+        per_epoch = max(1, trainer.num_training_batches // trainer.accumulate_grad_batches)
+        warmup = int(round(hp.warmup_epochs * per_epoch))
+        if total != float("inf"):
+            warmup = min(warmup, int(total) - 1)
+        self._warmup, self._decay = warmup, int(total) - warmup if total != float("inf") else 10_000
+        self._finite_total = total != float("inf")
+        length = f"step {int(total)}" if self._finite_total else ""
+        if self._timer is not None:
+            budget = self._timer.time_elapsed() + self._timer.time_remaining()
+            length = f"{length} or " * bool(length) + f"{budget:.0f} s of training, whichever comes first"
         rank_zero_info(f"global batch {global_batch}: lr {hp.lr:g} × {global_batch}/{hp.lr_batch_size} = {lr:g}; "
-                       f"{warmup} warmup steps, then cosine to {hp.min_lr:g} at step {int(total)}")
+                       f"{warmup} warmup steps, then cosine to {hp.min_lr:g} at {length}")
         fused = self.device.type == "cuda"
         optimizer = create_optimizer_v2(self.model, "adamw", lr=lr, weight_decay=hp.weight_decay,
                                         betas=tuple(hp.betas), **({"fused": True} if fused else {}))
-        scheduler = CosineLRScheduler(optimizer, t_initial=max(int(total) - warmup, 1), lr_min=hp.min_lr,
+        scheduler = CosineLRScheduler(optimizer, t_initial=max(self._decay, 1), lr_min=hp.min_lr,
                                       warmup_t=warmup, warmup_lr_init=lr * 1e-3 if warmup else lr,
                                       warmup_prefix=True, t_in_epochs=False)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def lr_scheduler_step(self, scheduler, metric):
-        scheduler.step_update(num_updates=self.global_step)  # timm schedulers step by update count
+        scheduler.step_update(num_updates=self._schedule_position())  # timm schedulers step by update count
+
+    def _schedule_position(self) -> int:
+        """Warmup by steps; then the cosine at the share of the run done: steps done over the total, or
+        training time used over ``max_time`` (after warmup), whichever is further."""
+        step, warmup = self.global_step, self._warmup
+        if step <= warmup or self._timer is None:
+            return step
+        done = (step - warmup) / self._decay if self._finite_total else 0.0
+        elapsed = self._timer.time_elapsed()
+        if self.warmup_end_time is None:
+            self.warmup_end_time = elapsed
+        budget = elapsed + self._timer.time_remaining()
+        done = max(done, (elapsed - self.warmup_end_time) / max(budget - self.warmup_end_time, 1e-9))
+        if self.trainer.world_size > 1:  # one clock for all ranks, so every rank steps with the same lr
+            done = self.trainer.strategy.broadcast(done)
+        return warmup + round(min(done, 1.0) * self._decay)
 
     def configure_callbacks(self):
         from lightning.pytorch.callbacks import LearningRateMonitor
@@ -201,8 +251,10 @@ class ViTClassifier(L.LightningModule):
             raise TrainingDiverged(f"training diverged by step {self.global_step} (epoch {self.current_epoch}): "
                                    "the weights are not finite; no checkpoint was written")
         wandb = next((lg for lg in self.loggers if isinstance(lg, WandbLogger)), None)
-        checkpoint["vit"] = {**self.metadata().to_dict(), "wandb_run_id": wandb.version if wandb else None}
+        checkpoint["vit"] = {**self.metadata().to_dict(), "wandb_run_id": wandb.version if wandb else None,
+                             "warmup_end_time": self.warmup_end_time}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "vit" in checkpoint:
             self.class_names = list(checkpoint["vit"]["class_names"])
+            self.warmup_end_time = checkpoint["vit"].get("warmup_end_time")

@@ -21,7 +21,8 @@ from vit.visualize import save_figure, upsample
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="vit-rollout", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--checkpoint", required=True,
+                   help="a training .ckpt, an exported .safetensors, or a timm folder: local-dir:DIR or hf-hub:USER/REPO")
     p.add_argument("images", nargs="+", help="image files and/or directories")
     p.add_argument("--output-dir", required=True, type=Path)
     p.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean")

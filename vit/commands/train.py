@@ -25,7 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from vit import configs, runs
-from vit.callbacks import TrainingDiverged
+from vit.callbacks import LogConfig, TrainingDiverged
 from vit.checkpoints import CheckpointError, read_checkpoint
 from vit.data import DatasetError
 from vit.loggers import WandbLogger
@@ -54,19 +54,30 @@ def named_recipes(argv: list[str]) -> list[str]:
 
 
 def recipe_name(argv: list[str]) -> str:
-    """The last recipe named on the command line (it names the run root), else the default."""
+    """The last recipe named on the command line (it names the run root), else the default's."""
     named = named_recipes(argv)
-    return Path(named[-1]).name.removesuffix(".yaml") if named else configs.DEFAULT
+    return Path(named[-1]).name.removesuffix(".yaml") if named else configs.DEFAULT if gpu_present() else configs.CPU
+
+
+def gpu_present() -> bool:
+    import torch
+
+    return torch.cuda.is_available() or os.environ.get("VIT_ASSUME_GPU") == "1"
 
 
 class ViTCLI(LightningCLI):
     def __init__(self, mode: str, argv: list[str], claimed: list[Path]):
         self.mode, self.argv, self.claimed, self.resume = mode, argv, claimed, None
         defaults = [configs.path(configs.BASE), configs.path(configs.DEFAULT)]
+        if mode == "fit" and not named_recipes(argv) and not gpu_present():
+            defaults.append(configs.path(configs.CPU))
+            rank_zero_info(f"no GPU here: the default recipe {configs.DEFAULT} is a GPU recipe (100 epochs, bf16), so "
+                           f"this runs the {configs.CPU} recipe (10 minutes); name a recipe with --config to choose")
         if {"-h", "--help"} & set(argv):  # --help shows the defaults of the recipes named on the line
             defaults += [configs.path(name) for name in named_recipes(argv)]
         super().__init__(ViTClassifier, L.LightningDataModule, subclass_mode_data=True, run=False, args=argv,
-                         save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False,
+                         save_config_callback=LogConfig, save_config_kwargs={"overwrite": True},
+                         auto_configure_optimizers=False,
                          parser_kwargs={"exit_on_error": False, "prog": "vit-train",
                                         "description": __doc__.split("\n\n")[0],
                                         "default_config_files": [str(p) for p in defaults]})
@@ -183,6 +194,19 @@ class ViTCLI(LightningCLI):
             quiet.setLevel(level)
         rank_zero_info(f"test on {len(self.datamodule.test_set)} images with {ckpt or 'the final weights'}: "
                        f"top-1 {100 * metrics['test/acc']:.2f}%, top-5 {100 * metrics['test/acc5']:.2f}%")
+        self.report()
+
+    def report(self) -> None:
+        """The run's figures (vit.report) into its folder, and to W&B when it is on."""
+        from vit import report
+
+        run = Path(self.trainer.default_root_dir)
+        figures = report.write(run, self.model, self.datamodule.test_set)
+        for logger in self.trainer.loggers:
+            for figure in figures if isinstance(logger, WandbLogger) else []:
+                logger.log_image(key=f"report/{figure.stem}", images=[str(figure)])
+        if figures:
+            rank_zero_info(f"figures: {', '.join(str(f) for f in figures)}")
 
 
 def condense(message: str) -> str:

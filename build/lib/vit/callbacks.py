@@ -1,0 +1,228 @@
+"""Callbacks of the training runs: exact resume, stopping honestly on divergence, time to accuracy,
+and what W&B shows (sample predictions, attention rollout)."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ThroughputMonitor
+from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_info
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradients became non-finite; the message says where and what to try."""
+
+
+class EpochSeed(L.Callback):
+    """Seed every RNG from (run seed, epoch, rank) right before each epoch's train iterator is made,
+    so the shuffle, the workers' augmentations, dropout and Mixup/CutMix of an epoch depend only on
+    that epoch: a run resumed from an epoch-end checkpoint continues exactly as an uninterrupted one.
+
+    Lightning makes the first epoch's iterator of a ``fit`` early (``configure_optimizers`` asks for
+    ``estimated_stepping_batches``), after ``setup`` and the checkpoint restore; later epochs' after
+    ``on_train_epoch_start``. Hence: seed epoch 0 in ``setup``, the resumed epoch in
+    ``load_state_dict``, and every later epoch at its start.
+    """
+
+    def __init__(self):
+        self.start_epoch = self.next_epoch = 0
+
+    def _seed(self, epoch: int) -> None:
+        seed = (self.base_seed + 1_000_003 * epoch + 7919 * self.rank) % 2**31
+        L.seed_everything(seed, workers=True, verbose=False)
+        os.environ["PL_GLOBAL_SEED"] = str(self.base_seed)
+
+    def setup(self, trainer, pl_module, stage):
+        if stage == "fit":
+            self.base_seed, self.rank = int(os.environ.get("PL_GLOBAL_SEED", 0)), trainer.global_rank
+            self._seed(self.start_epoch)
+
+    def load_state_dict(self, state_dict):
+        self.start_epoch = state_dict.get("next_epoch", 0)
+        if hasattr(self, "base_seed"):
+            self._seed(self.start_epoch)
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        if trainer.current_epoch != self.start_epoch:  # the first epoch of this fit is seeded already
+            self._seed(trainer.current_epoch)
+
+    def on_validation_end(self, trainer, pl_module):  # epoch-end checkpoints are written here
+        if not trainer.sanity_checking:
+            self.next_epoch = trainer.current_epoch + 1
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.next_epoch = trainer.current_epoch + 1
+
+    def state_dict(self):
+        return {"next_epoch": self.next_epoch}
+
+
+class StopOnNonFinite(L.Callback):
+    """Stop training with ``TrainingDiverged`` when the loss or the gradient norm becomes non-finite.
+
+    Every step is watched on the device (the first bad step and the last finite loss are kept there,
+    with no host sync); the host looks every ``every_n_steps`` steps, before each validation and at
+    the end of each epoch, so a checkpoint is never written after a bad step (and the LightningModule
+    refuses to save non-finite weights in any case). Under DDP all ranks decide together.
+    """
+
+    def __init__(self, every_n_steps: int = 1):
+        self.every_n_steps = max(1, every_n_steps)
+        self.restored_loss = math.nan  # the last finite loss of the run this one resumes
+
+    def state_dict(self):
+        return {"last_finite_loss": float(self.last_finite) if hasattr(self, "last_finite") else math.nan}
+
+    def load_state_dict(self, state_dict):
+        self.restored_loss = state_dict.get("last_finite_loss", math.nan)
+
+    def on_train_start(self, trainer, pl_module):
+        device = pl_module.device
+        self.bad_step = torch.full((), -1, dtype=torch.long, device=device)
+        self.last_finite = torch.full((), self.restored_loss, device=device)
+        self.grads_finite = torch.ones((), dtype=torch.bool, device=device)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if str(trainer.precision).startswith("16"):  # fp16's grad scaler skips inf steps by design
+            return
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        if grads:
+            self.grads_finite = torch.isfinite(torch.nn.utils.get_total_norm(grads))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        loss = (outputs["loss"] if isinstance(outputs, dict) else outputs).detach().float()
+        finite = torch.isfinite(loss) & self.grads_finite
+        first = (self.bad_step < 0) & ~finite
+        self.bad_step = torch.where(first, trainer.global_step - 1, self.bad_step)
+        self.last_finite = torch.where((self.bad_step < 0) & finite, loss, self.last_finite)
+        if trainer.global_step % self.every_n_steps == 0:
+            self.check(trainer)
+
+    def on_validation_start(self, trainer, pl_module):
+        if hasattr(self, "bad_step"):
+            self.check(trainer)
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.check(trainer)
+
+    def check(self, trainer) -> None:
+        if not trainer.strategy.reduce_boolean_decision(bool(self.bad_step >= 0), all=False):
+            return
+        step, last = int(self.bad_step), float(self.last_finite)
+        where = f"at step {step}" if step >= 0 else "on another process"
+        last = f"last finite loss {last:.4f}" if math.isfinite(last) else "no finite loss before it"
+        raise TrainingDiverged(
+            f"training diverged {where} (epoch {trainer.current_epoch}): the loss or the gradients became "
+            f"non-finite ({last}). Try a lower --model.lr, a longer --model.warmup_epochs, "
+            f"or --trainer.precision 32-true. The checkpoints written before are kept; no test was run.")
+
+
+class TimeToAccuracy(L.Callback):
+    """Log the wall time (s since fit started) at which ``val/acc`` first reaches each threshold,
+    as ``time_to/val_acc_<threshold>``, and print one line when it happens."""
+
+    def __init__(self, thresholds: tuple[float, ...] = (0.90, 0.93, 0.94)):
+        self.thresholds = sorted(thresholds)
+        self.reached: dict[float, float] = {}
+
+    def on_fit_start(self, trainer, pl_module):
+        self.start = time.perf_counter()
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        acc = trainer.callback_metrics.get("val/acc")
+        if trainer.sanity_checking or acc is None:
+            return
+        elapsed = time.perf_counter() - self.start
+        for t in self.thresholds:
+            if t not in self.reached and acc.item() >= t:
+                self.reached[t] = elapsed
+                rank_zero_info(f"val/acc {acc.item():.4f} >= {t:.2f} after {elapsed:.1f} s "
+                               f"(epoch {trainer.current_epoch}, step {trainer.global_step})")
+        if self.reached:
+            pl_module.log_dict({f"time_to/val_acc_{t:.2f}": s for t, s in self.reached.items()})
+
+
+def _wandb(trainer) -> WandbLogger | None:
+    return next((lg for lg in trainer.loggers if isinstance(lg, WandbLogger)), None)
+
+
+class WandbSamplePredictions(L.Callback):
+    """At the end of each validation, log a table of sample images with label, prediction, confidence."""
+
+    def __init__(self, num_samples: int = 16):
+        self.num_samples = num_samples
+        self._batch = None
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if batch_idx == 0 and trainer.is_global_zero and _wandb(trainer):
+            n = self.num_samples
+            self._batch = (batch[0][:n].cpu(), batch[1][:n].cpu(), outputs[:n].float().softmax(-1).cpu())
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        logger = _wandb(trainer)
+        if trainer.sanity_checking or self._batch is None or logger is None:
+            return
+        import wandb
+
+        images, labels, probs = self._batch
+        conf, pred = probs.max(-1)
+        names = pl_module.class_names
+        rows = [[wandb.Image(img.permute(1, 2, 0).numpy()), names[y], names[p], round(c, 4)]
+                for img, y, p, c in zip(images, labels.tolist(), pred.tolist(), conf.tolist())]
+        logger.log_table("val/samples", columns=["image", "label", "prediction", "confidence"], data=rows)
+        self._batch = None
+
+
+class WandbRollout(L.Callback):
+    """Every ``every_n_epochs`` validations, log attention-rollout overlays of the same first
+    ``num_images`` validation images to W&B, to watch attention sharpen as the model learns."""
+
+    def __init__(self, num_images: int = 4, every_n_epochs: int = 5):
+        self.num_images, self.every_n_epochs = num_images, every_n_epochs
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        logger = _wandb(trainer)
+        if (trainer.sanity_checking or not trainer.is_global_zero or logger is None
+                or trainer.current_epoch % self.every_n_epochs):
+            return
+        from vit.rollout import explain
+        from vit.visualize import overlay, upsample
+
+        val_set = trainer.datamodule.val_set
+        images = torch.stack([val_set[i][0] for i in range(min(self.num_images, len(val_set)))])
+        probs, rollout = explain(pl_module.model, pl_module.normalize(images.to(pl_module.device)))
+        names = pl_module.class_names
+        pictures = [overlay(img, upsample(r.cpu(), *img.shape[-2:])) for img, r in zip(images, rollout)]
+        captions = [f"{names[p.argmax()]} ({p.max():.2f})" for p in probs.cpu()]
+        logger.log_image(key="val/rollout", images=pictures, caption=captions)
+
+
+def batch_size(batch) -> int:
+    return batch[0].size(0)
+
+
+class Throughput(ThroughputMonitor):
+    """Lightning's ThroughputMonitor: samples/s, and with the model's analytic FLOPs per batch (the notes'
+    count, ``ViTClassifier.flops_per_batch``) TFLOP/s and MFU against Lightning's table of device peaks."""
+
+    def __init__(self, window_size: int = 100):
+        super().__init__(batch_size_fn=batch_size, window_size=window_size)
+
+
+class LogConfig(SaveConfigCallback):
+    """LightningCLI's config.yaml in the run folder, and the whole resolved config (trainer, callbacks,
+    model, data) in the W&B run's config."""
+
+    def save_config(self, trainer, pl_module, stage) -> None:
+        wandb = _wandb(trainer)
+        if wandb is not None:
+            import yaml
+
+            wandb.experiment.config.update(yaml.safe_load(self.parser.dump(self.config, skip_none=False)),
+                                           allow_val_change=True)

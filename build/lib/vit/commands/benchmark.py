@@ -1,0 +1,34 @@
+"""`vit-benchmark` / `python scripts/benchmark.py`: speed figures for README, measured on the device
+present. Example: `vit-benchmark --output benchmark.json`."""
+
+from __future__ import annotations
+
+import argparse
+
+parser = argparse.ArgumentParser(prog="vit-benchmark", description=__doc__)
+parser.add_argument("--presets", nargs="+", default=["vit_tiny", "vit_small"])
+parser.add_argument("--batch-size", type=int, default=64)
+parser.add_argument("--steps", type=int, default=3, help="steps per timed round")
+parser.add_argument("--rounds", type=int, default=7, help="alternating rounds; the median is reported")
+parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
+parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+parser.add_argument("--output", help="write the results as JSON here")
+parser.add_argument("--sections", default="model,data,step,classify,startup",
+                    help="comma-separated: model (ours vs timm), data (data path), step (whole training step), "
+                         "classify (throughput with decoding workers), startup (classify start-up time)")
+parser.add_argument("--workers", type=int, default=2, help="DataLoader workers for the data-path and classify comparisons")
+parser.add_argument("--classify-images", type=int, default=2000, help="generated images for the classify section")
+parser.add_argument("--data-images", type=int, default=20000)
+parser.add_argument("--data-batch-size", type=int, default=256)
+parser.add_argument("--step-batch-size", type=int, default=64)
+parser.add_argument("--compile", action="store_true", help="torch.compile the model in the whole-step benchmark")
+parser.add_argument("--startup-repeats", type=int, default=5)
+parser.add_argument("--quick", action="store_true", help="one tiny round of everything (for tests)")
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    from vit.benchmark import run
+
+    run(parser.parse_args(argv))
+    return 0

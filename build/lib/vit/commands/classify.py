@@ -1,0 +1,133 @@
+"""`vit-classify` / `python scripts/classify.py`: top-k classes of image files, from a checkpoint alone.
+
+Images are decoded and resized in DataLoader workers and classified in batches; results keep the input
+order. A progress bar shows on stderr for more than a screenful of images.
+
+Exit status: 0 every image classified, 1 some images failed (the others are still reported),
+2 the checkpoint or the arguments are unusable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from vit.checkpoints import CheckpointError
+from vit.images import ImageError, find_images, load_image
+from vit.inference import load_classifier
+from vit.preprocessing import resize
+
+SCREENFUL = 40
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="vit-classify", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True,
+                   help="a training .ckpt, an exported .safetensors, or a timm folder: local-dir:DIR or hf-hub:USER/REPO")
+    p.add_argument("images", nargs="+", help="image files and/or directories (walked for images)")
+    p.add_argument("--top-k", type=int, default=3)
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.add_argument("--output", type=Path, help="also write the results to FILE.csv or FILE.json")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                   help="processes that decode and resize images (default: the CPU count; 0: this process)")
+    args = p.parse_args(argv)
+    if args.top_k < 1 or args.batch_size < 1 or args.workers < 0:
+        p.error("--top-k and --batch-size must be positive, --workers non-negative")
+    if args.output and args.output.suffix not in (".csv", ".json"):
+        p.error("--output must end in .csv or .json")
+    return args
+
+
+class ImageFiles(Dataset):
+    """(index, uint8 3×S×S image or None, error) per file: a bad file is an entry, never an exception."""
+
+    def __init__(self, paths: list[Path], size: int):
+        self.paths, self.size = paths, size
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        try:
+            return i, resize(load_image(self.paths[i]), self.size), None
+        except ImageError as e:
+            return i, None, str(e)
+
+
+def collate(samples):
+    good = [(i, image) for i, image, _ in samples if image is not None]
+    return ([i for i, _ in good], torch.stack([image for _, image in good]) if good else None,
+            [(i, error) for i, image, error in samples if image is None])
+
+
+def write_output(path: Path, results: list[dict], k: int) -> None:
+    if path.suffix == ".json":
+        path.write_text(json.dumps(results, indent=2))
+        return
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["path", *[f"{w}_{j}" for j in range(1, k + 1) for w in ("label", "probability")], "error"])
+        for r in results:
+            preds = [v for p in r.get("predictions", []) for v in (p["label"], p["probability"])]
+            writer.writerow([r["image"], *preds, *[""] * (2 * k - len(preds)), r.get("error", "")])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
+    if device == "auto":
+        device = "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda, but no CUDA device is available", file=sys.stderr)
+        return 2
+    try:
+        clf = load_classifier(args.checkpoint).to(device)
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    k = min(args.top_k, len(clf.class_names))
+    paths = find_images(args.images)
+    results = [{"image": str(p)} for p in paths]
+    workers = args.workers if len(paths) > args.batch_size else 0  # a few images: no processes to start
+    loader = DataLoader(ImageFiles(paths, clf.meta.config.image_size), batch_size=args.batch_size,
+                        num_workers=workers, collate_fn=collate)
+    from tqdm import tqdm
+
+    with tqdm(total=len(paths), unit="img", disable=len(paths) <= SCREENFUL, file=sys.stderr) as bar:
+        for indices, images, errors in loader:
+            for i, error in errors:
+                results[i]["error"] = error
+                if not args.json:
+                    bar.write(f"{paths[i]}: error: {error}", file=sys.stderr)
+            if images is not None:
+                top_p, top_i = clf.probabilities(images).topk(k, dim=-1)
+                for i, ps, idx in zip(indices, top_p.tolist(), top_i.tolist()):
+                    results[i]["predictions"] = [{"label": clf.class_names[c], "probability": round(p, 4)}
+                                                 for p, c in zip(ps, idx)]
+            bar.update(len(indices) + len(errors))
+
+    if args.json:
+        print(json.dumps(results, indent=2))
+    elif not args.output:
+        for r in results:
+            if "predictions" in r:
+                print(f"{r['image']}: " + " , ".join(f"{p['label']} ({p['probability']:.3f})" for p in r["predictions"]))
+    if args.output:
+        write_output(args.output, results, k)
+        failed = sum("error" in r for r in results)
+        print(f"wrote {len(results)} results ({failed} errors) to {args.output}", file=sys.stderr)
+    return 1 if any("error" in r for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

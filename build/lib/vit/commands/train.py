@@ -1,0 +1,250 @@
+"""`vit-train` / `python scripts/train.py`: train a ViT (LightningCLI), then test the best checkpoint.
+
+    vit-train [fit] [--config RECIPE ...] [--section.field VALUE ...]   train (the default)
+    vit-train test --ckpt_path CKPT [--data... ]                          evaluate a checkpoint
+
+A recipe is a name (see --help for the list) or a YAML path; recipes are deltas over the default one.
+Exit status: 0 done; 2 a bad configuration value, missing or malformed data, an unusable checkpoint;
+3 training diverged (non-finite loss or gradients). Anything else is a bug: 1 with a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import warnings
+from pathlib import Path
+
+import lightning as L
+from jsonargparse import ActionConfigFile, ArgumentError, Namespace
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.plugins.environments import LightningEnvironment
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from vit import configs, runs
+from vit.callbacks import LogConfig, TrainingDiverged
+from vit.checkpoints import CheckpointError, read_checkpoint
+from vit.data import DatasetError
+from vit.loggers import WandbLogger
+from vit.module import ViTClassifier
+
+MODES = ("fit", "test")
+
+# Third-party noise every run printed, filtered narrowly (message and module).
+warnings.filterwarnings("ignore", message=r".*`isinstance\(treespec, LeafSpec\)` is deprecated", module="lightning")
+warnings.filterwarnings("ignore", message=r".*pkg_resources is deprecated", category=UserWarning)
+warnings.filterwarnings("ignore", message=r".*when using `ckpt_path`, callbacks used to create the checkpoint")
+warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty", module="lightning")  # a resume
+warnings.filterwarnings("ignore", message=r"Encountered `nan` values in tensor", module="torchmetrics")  # exit 3 says it
+
+
+class RecipeFile(ActionConfigFile):
+    """--config NAME|PATH: a recipe of vit.configs by name, or any YAML file."""
+
+    def __call__(self, parser, cfg, values, option_string=None):
+        super().__call__(parser, cfg, str(configs.path(values)), option_string)
+
+
+def named_recipes(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--config", "-c")] + \
+        [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+
+
+def recipe_name(argv: list[str]) -> str:
+    """The last recipe named on the command line (it names the run root), else the default's."""
+    named = named_recipes(argv)
+    return Path(named[-1]).name.removesuffix(".yaml") if named else configs.DEFAULT if gpu_present() else configs.CPU
+
+
+def gpu_present() -> bool:
+    import torch
+
+    return torch.cuda.is_available() or os.environ.get("VIT_ASSUME_GPU") == "1"
+
+
+class ViTCLI(LightningCLI):
+    def __init__(self, mode: str, argv: list[str], claimed: list[Path]):
+        self.mode, self.argv, self.claimed, self.resume = mode, argv, claimed, None
+        defaults = [configs.path(configs.BASE), configs.path(configs.DEFAULT)]
+        if mode == "fit" and not named_recipes(argv) and not gpu_present():
+            defaults.append(configs.path(configs.CPU))
+            rank_zero_info(f"no GPU here: the default recipe {configs.DEFAULT} is a GPU recipe (100 epochs, bf16), so "
+                           f"this runs the {configs.CPU} recipe (10 minutes); name a recipe with --config to choose")
+        if {"-h", "--help"} & set(argv):  # --help shows the defaults of the recipes named on the line
+            defaults += [configs.path(name) for name in named_recipes(argv)]
+        super().__init__(ViTClassifier, L.LightningDataModule, subclass_mode_data=True, run=False, args=argv,
+                         save_config_callback=LogConfig, save_config_kwargs={"overwrite": True},
+                         auto_configure_optimizers=False,
+                         parser_kwargs={"exit_on_error": False, "prog": "vit-train",
+                                        "description": __doc__.split("\n\n")[0],
+                                        "default_config_files": [str(p) for p in defaults]})
+
+    def init_parser(self, **kwargs):
+        parser = self.parser_class(**kwargs)
+        parser.add_argument("-c", "--config", action=RecipeFile,
+                            help=f"a recipe ({', '.join(configs.names())}) or a YAML file; applied over the "
+                                 f"default recipe {configs.DEFAULT} in order")
+        return parser
+
+    def add_arguments_to_parser(self, parser):
+        parser.add_argument("--ckpt_path", default=None,
+                            help="fit: resume from this checkpoint, or 'last': the newest run's last.ckpt; "
+                                 "test: the checkpoint to evaluate")
+        parser.add_argument("--run", default=None,
+                            help="name the run folder under the root (default: the next version_N); "
+                                 "with --ckpt_path last, the run to resume")
+        parser.add_argument("--test_after_fit", type=bool, default=True,
+                            help="test the best checkpoint on the test set when fit ends")
+        parser.link_arguments("model.arch.image_size", "data.init_args.image_size")
+        parser.link_arguments("data.num_classes", "model.arch.num_classes", apply_on="instantiate")
+
+    def parse_arguments(self, parser, args):
+        self.config = parser.parse_args(args)
+
+    def before_instantiate_classes(self):
+        cfg = self.config
+        root = Path(cfg.trainer.default_root_dir or Path("runs") / recipe_name(self.argv))
+        if self.mode == "test":
+            if not cfg.ckpt_path or cfg.ckpt_path == "last":
+                raise ValueError("test needs --ckpt_path CKPT, the checkpoint file to evaluate")
+            ckpt = read_checkpoint(cfg.ckpt_path)
+            hparams = {k: v for k, v in ckpt.get("hyper_parameters", {}).items() if not k.startswith("_")}
+            self.config = cfg = self.parser.parse_object({"model": hparams}, cfg)  # the checkpoint's model
+            run = runs.run_of(Path(cfg.ckpt_path)) or runs.claim_new_version(root)
+            self.resume = (Path(cfg.ckpt_path), ckpt)
+        else:
+            if cfg.ckpt_path not in (None, "last"):
+                self.check_resumable(read_checkpoint(cfg.ckpt_path))
+            existed = set(root.iterdir()) if root.is_dir() else set()
+            run, ckpt_path, note = runs.resolve(root, cfg.ckpt_path, cfg.run)
+            if run not in existed:
+                self.claimed.append(run)
+            if ckpt_path is not None:
+                ckpt = read_checkpoint(ckpt_path)
+                self.check_resumable(ckpt)
+                self.resume = (ckpt_path, ckpt)
+            rank_zero_info(note or f"run folder: {run}")
+        os.environ[runs.ENV] = str(run)  # the processes Lightning's DDP launcher starts use this folder too
+        self.place_outputs(cfg, run)
+
+    def check_resumable(self, ckpt: dict) -> None:
+        """A checkpoint whose model does not fit the command line: one line naming the differences."""
+        theirs = ckpt.get("hyper_parameters", {}).get("arch", {})
+        ours = vars(self.config.model.arch)
+        diff = [f"{k}: checkpoint {theirs[k]!r}, command line {ours[k]!r}" for k in ours
+                if k in theirs and k != "num_classes" and theirs[k] != ours[k]]
+        if diff:
+            raise CheckpointError(f"{self.config.ckpt_path or 'the last checkpoint'}: its model does not fit "
+                                  f"this command line ({'; '.join(diff)})")
+
+    @staticmethod
+    def place_outputs(cfg: Namespace, run: Path) -> None:
+        """Point the Trainer, every logger and every checkpoint callback without a folder at ``run``."""
+        cfg.trainer.default_root_dir = str(run)
+        loggers = cfg.trainer.logger
+        for logger in loggers if isinstance(loggers, list) else [loggers]:
+            if not isinstance(logger, Namespace):
+                continue
+            init = logger.init_args
+            init.save_dir = str(run)
+            if logger.class_path.startswith("lightning.") and logger.class_path.endswith(("CSVLogger", "TensorBoardLogger")):
+                init.name, init.version = "", ""  # metrics straight into the run folder
+            elif logger.class_path.endswith("WandbLogger") and not init.get("name"):
+                init.name = f"{run.parent.name}/{run.name}"
+        for callback in cfg.trainer.callbacks or []:
+            if callback.class_path.endswith("ModelCheckpoint") and not callback.init_args.get("dirpath"):
+                callback.init_args.dirpath = str(run / runs.CHECKPOINTS)
+
+    def after_instantiate_classes(self):
+        if self.resume is not None:
+            run_id = self.resume[1].get("vit", {}).get("wandb_run_id")
+            for logger in self.trainer.loggers:
+                if run_id and isinstance(logger, WandbLogger):
+                    logger.resume(run_id)  # the resumed run continues its W&B run
+
+    def fit(self) -> None:
+        ckpt = str(self.resume[0]) if self.resume else None
+        self.trainer.fit(self.model, datamodule=self.datamodule, ckpt_path=ckpt)
+        if self.config.test_after_fit and not self.trainer.interrupted:
+            callback = self.trainer.checkpoint_callback
+            self.test(callback.best_model_path if callback and callback.best_model_path else None)
+
+    def test(self, ckpt: str | None) -> None:
+        """Test ``ckpt`` (None: the weights in memory) on one process, so each test image counts once."""
+        import torch
+
+        trainer = self.trainer
+        if trainer.world_size > 1:
+            if not trainer.is_global_zero:
+                return
+            torch.distributed.destroy_process_group()
+        quiet = logging.getLogger("lightning.pytorch")
+        level = quiet.level
+        quiet.setLevel(logging.WARNING)  # the device lines and restoring messages, said once already
+        tester = L.Trainer(accelerator=trainer.accelerator, devices=1, num_nodes=1, logger=trainer.loggers,
+                           precision=trainer.precision_plugin.precision, plugins=[LightningEnvironment()],
+                           callbacks=[], enable_checkpointing=False, default_root_dir=trainer.default_root_dir,
+                           enable_progress_bar=trainer.progress_bar_callback is not None)
+        try:
+            (metrics,) = tester.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt, verbose=False)
+        finally:
+            quiet.setLevel(level)
+        rank_zero_info(f"test on {len(self.datamodule.test_set)} images with {ckpt or 'the final weights'}: "
+                       f"top-1 {100 * metrics['test/acc']:.2f}%, top-5 {100 * metrics['test/acc5']:.2f}%")
+        self.report()
+
+    def report(self) -> None:
+        """The run's figures (vit.report) into its folder, and to W&B when it is on."""
+        from vit import report
+
+        run = Path(self.trainer.default_root_dir)
+        figures = report.write(run, self.model, self.datamodule.test_set)
+        for logger in self.trainer.loggers:
+            for figure in figures if isinstance(logger, WandbLogger) else []:
+                logger.log_image(key=f"report/{figure.stem}", images=[str(figure)])
+        if figures:
+            rank_zero_info(f"figures: {', '.join(str(f) for f in figures)}")
+
+
+def condense(message: str) -> str:
+    """jsonargparse explains a bad value of a subclass-typed field as every alternative it tried;
+    keep the reasons that are not about the alternatives, on one line."""
+    lines = [line.strip().removeprefix("- ") for line in message.splitlines()]
+    reasons = [line for line in lines if line and not line.startswith(("Expected a <class 'NoneType'>", "Given value",
+                                                                        "Subtypes:", "Errors:", "Does not validate"))]
+    line = " ".join(r if r.endswith(":") or i == len(reasons) - 1 else r + ";" for i, r in enumerate(reasons)) \
+        or " ".join(message.split())
+    return re.sub(r'Parser key "(\w+)": Problem with given class_path \'[\w.]+\': Parser key "(\w+)"',
+                  r'Parser key "\1.\2"', line)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    mode = argv.pop(0) if argv and argv[0] in MODES else "fit"
+    claimed: list[Path] = []  # a run folder this process created
+    inherited = runs.ENV in os.environ  # set by the process that launched this one (DDP)
+    try:
+        cli = ViTCLI(mode, argv, claimed)
+        if mode == "fit":
+            cli.fit()
+        else:
+            cli.test(str(cli.resume[0]))
+    except (ArgumentError, DatasetError, ValueError, FileNotFoundError, MisconfigurationException,
+            CheckpointError) as e:
+        code, message = 2, condense(str(e))
+    except TrainingDiverged as e:
+        code, message = 3, str(e)
+    else:
+        return 0
+    finally:
+        if not inherited:
+            os.environ.pop(runs.ENV, None)
+    if rank_zero_only.rank == 0:  # under DDP every process fails alike: say it once
+        print(f"error: {message}", file=sys.stderr)
+    for run in claimed:
+        if run.is_dir() and not any(run.iterdir()):
+            run.rmdir()  # a run that never started leaves no empty folder behind
+    return code

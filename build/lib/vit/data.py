@@ -1,0 +1,354 @@
+"""DataModules: a small shared base (uint8 batches, seeded stratified split, loaders, ``classes``) and
+one module per source: CIFAR-10 in its official python format, and your own class folders.
+
+The pipeline has three separable stages:
+  1. store   — CIFAR-10 decoded once into a uint8 tensor N×3×32×32; image folders read from disk
+               with the one loader everything shares (``vit.images.load_image``);
+  2. augment — per-sample uint8 transforms (resize, crop+flip, AutoAugment/RandAugment) in DataLoader
+               workers, or for CIFAR-10 on the device (``pipeline: device``, ``vit.device_data``);
+  3. normalise (+ random erasing, Mixup/CutMix) — per batch on the device, in the LightningModule.
+Batches are uint8 images and integer labels; mean/std belong to the model (``vit.preprocessing``).
+"""
+
+from __future__ import annotations
+
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import Literal
+
+import lightning as L
+import torch
+from jsonargparse.typing import NonNegativeInt, OpenUnitInterval, PositiveInt
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import default_collate
+from torchvision.datasets import ImageFolder
+from torchvision.transforms import v2
+
+from vit import cifar
+from vit.cifar import DatasetError
+from vit.images import IMAGE_SUFFIXES, ImageError, check_image, load_image
+from vit.preprocessing import resize
+
+__all__ = ["CIFAR10DataModule", "DatasetError", "ImageDataModule", "ImageFolderDataModule"]
+
+
+def stratified_split(labels: torch.Tensor, val_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded split with each class's share of the validation set equal to its share of the data."""
+    if not 0 < val_size < len(labels):
+        raise ValueError(f"val_size must leave images on both sides: between 1 and {len(labels) - 1} "
+                         f"of {len(labels)} images, got {val_size}")
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(len(labels), generator=g)
+    counts = torch.bincount(labels)
+    # rank of each sample inside its class (in shuffled order), as a fraction of the class size
+    order = perm[torch.argsort(labels[perm], stable=True)]
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.empty_like(labels)
+    rank[order] = torch.arange(len(labels)) - starts[labels[order]]
+    frac = (rank.double() + 0.5) / counts[labels].double()
+    picked = torch.argsort(frac + torch.rand(len(labels), generator=g, dtype=torch.float64) * 1e-9)
+    val_idx, train_idx = picked[:val_size], picked[val_size:]
+    return train_idx.sort().values, val_idx.sort().values
+
+
+def augmentation(crop_padding: int, hflip: bool, auto_augment: str | None, image_size: int):
+    """Stage 2 on uint8 tensors: random crop with reflect padding, flip, optional AutoAugment/RandAugment."""
+    steps = []
+    if crop_padding > 0:
+        steps.append(v2.RandomCrop(image_size, padding=crop_padding, padding_mode="reflect"))
+    if hflip:
+        steps.append(v2.RandomHorizontalFlip())
+    if auto_augment:
+        name, _, arg = auto_augment.partition("-")
+        if name == "autoaugment":
+            steps.append(v2.AutoAugment(v2.AutoAugmentPolicy.CIFAR10))
+        elif name == "randaugment":  # randaugment or randaugment-N-M (N ops of magnitude M)
+            n, _, m = arg.partition("-")
+            steps.append(v2.RandAugment(num_ops=int(n or 2), magnitude=int(m or 9)))
+        elif name == "trivialaugment":
+            steps.append(v2.TrivialAugmentWide())
+        else:
+            raise ValueError(f"auto_augment must be autoaugment, randaugment[-N-M] or trivialaugment, "
+                             f"got {auto_augment!r}")
+    return steps
+
+
+class TensorImageDataset(Dataset):
+    """Stage 1 (a uint8 tensor in memory) with stage 2 (a per-sample uint8 transform)."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform=None):
+        self.images, self.labels, self.transform = images, labels, transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        image = self.images[i]
+        return (self.transform(image) if self.transform else image), self.labels[i]
+
+
+class ImageDataModule(L.LightningDataModule):
+    """What every source shares: uint8 batches, a seeded stratified validation split, loaders."""
+
+    def __init__(
+        self,
+        root: str,
+        batch_size: PositiveInt = 128,
+        val_size: PositiveInt | OpenUnitInterval = 0.1,
+        num_workers: NonNegativeInt = 4,
+        seed: int = 0,
+        image_size: PositiveInt = 32,
+        crop_padding: NonNegativeInt = 4,
+        hflip: bool = True,
+        auto_augment: str | None = None,
+    ):
+        """
+        Args:
+            root: where the dataset is.
+            batch_size: images per batch and process (the global batch is batch_size × devices × nodes).
+            val_size: validation images split off the training set: a count, or a fraction in (0, 1).
+            num_workers: DataLoader worker processes per loader.
+            seed: seed of the validation split.
+            image_size: side every image is resized to (linked to model.arch.image_size).
+            crop_padding: random crop after reflect padding by this many pixels (0: no crop).
+            hflip: random horizontal flips.
+            auto_augment: autoaugment, randaugment[-N-M] or trivialaugment (per image, in workers).
+        """
+        super().__init__()
+        self.root = Path(root)
+        self.batch_size, self.val_size, self.num_workers, self.seed = batch_size, val_size, num_workers, seed
+        self.image_size = image_size
+        self.augment = augmentation(crop_padding, hflip, auto_augment, image_size)  # validates the choice
+        self.crop_padding, self.hflip = crop_padding, hflip
+        self.classes: list[str] | None = None
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def train_transform(self):
+        return v2.Compose([self.eval_transform(), *self.augment])
+
+    def eval_transform(self):
+        return partial(resize, size=self.image_size)  # vit.preprocessing: what inference does too
+
+    def split(self, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stratified (train, validation) indices; ``val_size`` as a count or a fraction."""
+        count = self.val_size if isinstance(self.val_size, int) else max(1, round(self.val_size * len(labels)))
+        return stratified_split(labels, count, self.seed)
+
+    def run_dir(self) -> Path | None:
+        """The run folder of the Trainer this module is attached to (vit.runs), if any."""
+        return Path(self.trainer.default_root_dir) if self.trainer is not None else None
+
+    # Workers are not persistent: each epoch's workers are seeded from that epoch's RNG state, which is
+    # what makes a resumed run identical to an uninterrupted one (vit.callbacks.EpochSeed).
+    def _loader(self, dataset, train: bool, collate_fn=None) -> DataLoader:
+        return DataLoader(dataset, batch_size=self.batch_size, shuffle=train, drop_last=train,
+                          num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
+                          collate_fn=collate_fn)
+
+    def train_dataloader(self):
+        if len(self.train_set) < self.batch_size:
+            raise ValueError(f"the training set has {len(self.train_set)} images, fewer than one batch of "
+                             f"{self.batch_size}: lower --data.batch_size")
+        return self._loader(self.train_set, train=True)
+
+    def val_dataloader(self):
+        return self._loader(self.val_set, train=False)
+
+    def test_dataloader(self):
+        return self._loader(self.test_set, train=False)
+
+
+class CIFAR10DataModule(ImageDataModule):
+    """CIFAR-10 (or any dataset in its official python format), held in memory as uint8."""
+
+    url, archive_md5 = cifar.URL, cifar.ARCHIVE_MD5
+
+    def __init__(self, root: str = "data", download: bool = True,
+                 pipeline: Literal["workers", "device"] = "workers", **kwargs):
+        """
+        Args:
+            root: the folder that holds cifar-10-batches-py/ (downloaded there when absent).
+            download: download the official archive when the folder is absent.
+            pipeline: "workers" (per-image transforms in DataLoader workers, any policy) or "device"
+                (the train set resident on the accelerator, crop+flip per image in one batched gather).
+        """
+        super().__init__(root=root, **kwargs)
+        self.download, self.pipeline = download, pipeline
+        if pipeline == "device" and (kwargs.get("auto_augment") or self.image_size != 32):
+            raise ValueError("pipeline 'device' does crop+flip on 32×32 images only: "
+                             "use pipeline 'workers' for auto_augment or resizing")
+        self._train_epochs = 0  # train iterators made so far (device pipeline; saved in checkpoints)
+
+    @property
+    def folder(self) -> Path:
+        return self.root / cifar.FOLDER
+
+    def prepare_data(self) -> None:
+        if cifar.is_complete(self.folder):
+            return
+        if not self.download:
+            raise DatasetError(f"CIFAR-10 not found: expected the folder {self.folder} with "
+                               f"{', '.join(cifar.TRAIN_FILES)}, {cifar.TEST_FILE} and {cifar.META_FILE}")
+        cifar.download(self.root, self.url, self.archive_md5)
+
+    def setup(self, stage: str | None = None) -> None:
+        self.prepare_data()  # a no-op when the folder is complete; also makes the module usable alone
+        self.classes = cifar.read_meta(self.folder / cifar.META_FILE)
+        if stage in (None, "fit", "validate"):
+            images, labels = cifar.read_split(self.folder, cifar.TRAIN_FILES, self.num_classes)
+            train_idx, val_idx = self.split(labels)
+            self.train_set = Subset(TensorImageDataset(images, labels, self.train_transform()), train_idx)
+            self.val_set = Subset(TensorImageDataset(images, labels, self.eval_transform()), val_idx)
+        if stage in (None, "test", "predict"):
+            self.test_set = TensorImageDataset(*cifar.read_split(self.folder, [cifar.TEST_FILE], self.num_classes),
+                                               self.eval_transform())
+
+    @property
+    def num_classes(self) -> int:
+        """From batches.meta when the data is here; CIFAR-10's 10 before it is downloaded."""
+        if self.classes is None and cifar.is_complete(self.folder):
+            self.classes = cifar.read_meta(self.folder / cifar.META_FILE)
+        return len(self.classes) if self.classes is not None else 10
+
+    def train_dataloader(self):
+        if self.pipeline == "workers":
+            return super().train_dataloader()
+        from vit.device_data import DeviceBatches
+
+        trainer = self.trainer
+        device = trainer.strategy.root_device if trainer else torch.device("cpu")
+        base, idx = self.train_set.dataset, self.train_set.indices
+        return DeviceBatches(base.images[idx].to(device), base.labels[idx].to(device), self.batch_size,
+                             self.seed, epoch=self._next_train_epoch,
+                             rank=trainer.global_rank if trainer else 0,
+                             world_size=trainer.world_size if trainer else 1,
+                             padding=self.crop_padding, hflip=self.hflip)
+
+    def _next_train_epoch(self) -> int:
+        """Epochs are counted here, and saved in checkpoints: Lightning makes the first train iterator
+        of a resumed fit before it restores its own epoch counter."""
+        self._train_epochs += 1
+        return self._train_epochs - 1
+
+    def state_dict(self) -> dict:
+        return {"train_epochs": self._train_epochs}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._train_epochs = state_dict.get("train_epochs", 0)
+
+
+def _skip_unreadable(batch):
+    """collate_fn: drop the images that failed to load after the setup check (see ClassFolder)."""
+    return default_collate([sample for sample in batch if sample is not None])
+
+
+class ClassFolder(ImageFolder):
+    """torchvision's ImageFolder over ``root/<class>/...`` with a given class list (so train/, val/ and
+    test/ index classes alike), our loader (EXIF-aware, any mode) and our image suffixes. An image that
+    fails to load after passing the setup check is skipped with one warning, never a worker traceback."""
+
+    def __init__(self, root: Path, classes: list[str], transform):
+        self.fixed_classes = classes
+        super().__init__(str(root), transform=transform, loader=load_image, allow_empty=True,
+                         is_valid_file=lambda p: Path(p).suffix.lower() in IMAGE_SUFFIXES)
+
+    def find_classes(self, directory):
+        return self.fixed_classes, {c: i for i, c in enumerate(self.fixed_classes)}
+
+    def drop(self, paths: set[str]) -> None:
+        self.samples = self.imgs = [s for s in self.samples if s[0] not in paths]
+        self.targets = [t for _, t in self.samples]
+
+    def __getitem__(self, i):
+        path, target = self.samples[i]
+        try:
+            image = self.loader(path)
+        except ImageError as e:
+            print(f"warning: skipping {path}: {e}", file=sys.stderr)
+            return None
+        return self.transform(image), target
+
+
+class ImageFolderDataModule(ImageDataModule):
+    """Your own images, one folder per class: ``root/train/<class>/*``, optionally ``root/val/`` and
+    ``root/test/`` with the same class folders. Without ``val/``, ``val_size`` of ``train/`` is split
+    off, stratified; without ``test/``, the validation images are used for the test. Every file is
+    checked at setup; unreadable ones are skipped (listed in the run folder's bad_files.txt) or stop
+    the run before training. Images of any size and mode are resized to image_size × image_size."""
+
+    def __init__(self, root: str, on_bad_file: Literal["skip", "error"] = "skip", **kwargs):
+        """
+        Args:
+            root: the folder that holds train/<class>/ (and optionally val/, test/).
+            on_bad_file: "skip" unreadable images with one summary line, or "error": stop before training.
+        """
+        super().__init__(root=root, **kwargs)
+        self.on_bad_file = on_bad_file
+        train = self.root / "train"
+        if not train.is_dir():
+            raise DatasetError(f"{train} is not a folder: expected {self.root}/train/<class>/<images>")
+        self.classes = sorted(d.name for d in train.iterdir() if d.is_dir())
+        if not self.classes:
+            raise DatasetError(f"{train} has no class folders: expected {train}/<class>/<images>")
+        self.bad_files: dict[str, str] = {}
+
+    def _folder(self, split: str, transform) -> ClassFolder | None:
+        folder = self.root / split
+        if not folder.is_dir():
+            return None
+        extra = sorted(d.name for d in folder.iterdir() if d.is_dir() and d.name not in self.classes)
+        if extra:
+            raise DatasetError(f"{folder} has class folders that train/ lacks: {', '.join(extra)}")
+        return ClassFolder(folder, self.classes, transform)
+
+    def _check(self, datasets: list[ClassFolder]) -> None:
+        """Check every file cheaply (vit.images.check_image), in threads; skip or stop on bad ones."""
+        paths = [path for ds in datasets for path, _ in ds.samples]
+        with ThreadPoolExecutor(max(1, self.num_workers)) as pool:
+            reasons = list(pool.map(check_image, paths))
+        self.bad_files = {p: r for p, r in zip(paths, reasons) if r is not None}
+        if not self.bad_files:
+            return
+        first = "; ".join(f"{Path(p).relative_to(self.root)} ({r})" for p, r in list(self.bad_files.items())[:3])
+        more = f" and {len(self.bad_files) - 3} more" if len(self.bad_files) > 3 else ""
+        if self.on_bad_file == "error":
+            raise DatasetError(f"{len(self.bad_files)} of {len(paths)} images in {self.root} cannot be read: "
+                               f"{first}{more}. Remove them, or pass --data.on_bad_file skip")
+        listing = ""
+        run_dir = self.run_dir()
+        if run_dir is not None and self.trainer.is_global_zero:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "bad_files.txt").write_text("".join(f"{p}\t{r}\n" for p, r in self.bad_files.items()))
+            listing = f" (all listed in {run_dir / 'bad_files.txt'})"
+        rank_zero_info(f"skipping {len(self.bad_files)} of {len(paths)} images that cannot be read{listing}: "
+                       f"{first}{more}")
+        for ds in datasets:
+            ds.drop(set(self.bad_files))
+
+    def setup(self, stage: str | None = None) -> None:
+        if not hasattr(self, "train_set"):  # fit, then test: the folders are scanned and checked once
+            self._scan()
+
+    def _scan(self) -> None:
+        train = self._folder("train", self.train_transform())
+        val, test = self._folder("val", self.eval_transform()), self._folder("test", self.eval_transform())
+        self._check([ds for ds in (train, val, test) if ds is not None])
+        if not train.samples:
+            raise DatasetError(f"{self.root / 'train'} holds no readable images in the class folders {self.classes}")
+        if val is None:
+            train_idx, val_idx = self.split(torch.tensor(train.targets))
+            val = Subset(ClassFolder(self.root / "train", self.classes, self.eval_transform()), val_idx.tolist())
+            val.dataset.drop(set(self.bad_files))
+            train = Subset(train, train_idx.tolist())
+        if test is None:
+            rank_zero_info(f"{self.root} has no test/ folder: the validation images are used for the test")
+        self.train_set, self.val_set, self.test_set = train, val, test or val
+
+    def _loader(self, dataset, train: bool, collate_fn=None) -> DataLoader:
+        return super()._loader(dataset, train, collate_fn=_skip_unreadable)

@@ -1,0 +1,74 @@
+"""A data path whose cost is small next to the model's: the whole uint8 dataset lives on the device
+(CIFAR-10 is 150 MB) and each batch is cropped and flipped there, per sample, in one gather.
+
+``crop_flip`` is exactly torchvision's ``pad(reflect) → crop(top, left) → hflip`` for each image
+(tests/test_device_data.py proves it); ``DeviceBatches`` is the epoch-seeded, rank-sharded iterable
+that Lightning uses as the train loader when ``--data.init_args.pipeline device``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+def _reflect(index: torch.Tensor, size: int) -> torch.Tensor:
+    """Reflect out-of-range indices as reflect padding does (the edge pixel is not repeated)."""
+    index = index.abs()
+    return torch.where(index > size - 1, 2 * (size - 1) - index, index)
+
+
+def crop_flip(images: torch.Tensor, tops: torch.Tensor, lefts: torch.Tensor, flips: torch.Tensor,
+              padding: int) -> torch.Tensor:
+    """B×C×H×W → B×C×H×W: image b is reflect-padded by ``padding``, cropped at (tops[b], lefts[b])
+    of the padded image, and mirrored left-right where flips[b]."""
+    b, c, h, w = images.shape
+    rows = _reflect(tops[:, None] - padding + torch.arange(h, device=images.device), h)  # B×H
+    cols = lefts[:, None] - padding + torch.arange(w, device=images.device)  # B×W
+    cols = _reflect(torch.where(flips[:, None], cols.flip(-1), cols), w)
+    index = (rows[:, :, None] * w + cols[:, None, :]).view(b, 1, h * w).expand(b, c, h * w)
+    return images.reshape(b, c, h * w).gather(2, index).view(b, c, h, w)
+
+
+def random_crop_flip(images: torch.Tensor, padding: int, hflip: bool = True,
+                     generator: torch.Generator | None = None) -> torch.Tensor:
+    """Random crop with reflect padding and random horizontal flip, independently per image."""
+    b = images.shape[0]
+    tops, lefts = torch.randint(0, 2 * padding + 1, (2, b), device=images.device, generator=generator)
+    flips = (torch.rand(b, device=images.device, generator=generator) < 0.5) if hflip else \
+        torch.zeros(b, dtype=torch.bool, device=images.device)
+    return crop_flip(images, tops, lefts, flips, padding)
+
+
+class DeviceBatches:
+    """Batches of (uint8 images, labels) drawn from tensors already on the device.
+
+    Each epoch's order (and augmentation) comes from a generator seeded with (seed, epoch), so it
+    does not depend on the process's RNG state; under DDP rank r takes every world-th sample of that
+    order, so each process reads only its shard. The last incomplete batch is dropped.
+    """
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, seed: int,
+                 epoch: Callable[[], int], rank: int = 0, world_size: int = 1, padding: int = 4,
+                 hflip: bool = True):
+        self.images, self.labels = images, labels
+        self.batch_size, self.seed, self.epoch = batch_size, seed, epoch
+        self.rank, self.world_size, self.padding, self.hflip = rank, world_size, padding, hflip
+
+    def __len__(self) -> int:
+        return (len(self.labels) // self.world_size) // self.batch_size
+
+    def __iter__(self):
+        device, epoch = self.images.device, self.epoch()
+        # one order for all ranks (seed, epoch); each rank's own augmentation draws (seed, epoch, rank)
+        order = torch.randperm(len(self.labels), device=device,
+                               generator=torch.Generator(device=device).manual_seed(self.seed * 1_000_003 + epoch))
+        g = torch.Generator(device=device).manual_seed((self.seed * 1_000_003 + epoch) * 7919 + self.rank + 1)
+        shard = order[self.rank :: self.world_size]
+        for i in range(len(self)):
+            idx = shard[i * self.batch_size : (i + 1) * self.batch_size]
+            images = self.images[idx]
+            if self.padding > 0 or self.hflip:
+                images = random_crop_flip(images, self.padding, self.hflip, g)
+            yield images, self.labels[idx]

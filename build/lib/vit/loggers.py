@@ -1,0 +1,80 @@
+"""Loggers: Lightning's W&B logger, made never to block on a login prompt, and its CSV logger, made to
+keep a resumed run's metrics."""
+
+from __future__ import annotations
+
+import csv
+import logging
+import netrc
+import os
+
+from lightning.pytorch.loggers import CSVLogger as _LightningCSVLogger
+from lightning.pytorch.loggers import WandbLogger as _LightningWandbLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
+from lightning.pytorch.utilities import rank_zero_info
+
+
+class _NoTips(logging.Filter):
+    """Drop Lightning's advertisement printed by every Trainer ("💡 Tip: ... litlogger ...")."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip")
+
+
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoTips())
+
+
+def wandb_credentials_present() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+
+
+class WandbLogger(_LightningWandbLogger):
+    """Lightning's WandbLogger that never waits for an interactive login: without credentials (and
+    without an explicit WANDB_MODE) it logs offline, to be uploaded later with `wandb sync`."""
+
+    def __init__(self, *args, **kwargs):
+        mode = os.environ.get("WANDB_MODE")
+        if not kwargs.get("offline") and mode is None and not wandb_credentials_present():
+            # wandb's own offline mode (not Lightning's offline=True, which refuses log_model): checkpoint
+            # artifacts are kept in the run folder and uploaded by `wandb sync` with the rest
+            kwargs["mode"] = "offline"
+            rank_zero_info("wandb: no credentials found (WANDB_API_KEY or `wandb login`), logging offline; "
+                           f"upload later with `wandb sync {kwargs.get('save_dir', '.')}/wandb/offline-run-*`")
+        super().__init__(*args, **kwargs)
+        self._wandb_init.pop("anonymous", None)  # wandb warns that the setting has no effect
+
+    def resume(self, run_id: str) -> None:
+        """Continue the W&B run ``run_id`` (call before the experiment starts)."""
+        if self._experiment is None:
+            self._wandb_init.update(id=run_id, resume="allow")
+            self._id = run_id
+
+
+class _AppendingWriter(ExperimentWriter):
+    def _check_log_dir_exists(self) -> None:
+        """Keep an existing metrics.csv (a resumed run) and its columns, instead of deleting it."""
+        if self._fs.isfile(self.metrics_file_path):
+            with self._fs.open(self.metrics_file_path, "r", newline="") as f:
+                self.metrics_keys = next(csv.reader(f), [])
+
+
+class CSVLogger(_LightningCSVLogger):
+    """Lightning's CSVLogger writing ``metrics.csv`` straight into the run folder; a resumed run appends
+    to it (Lightning's would delete it). The learning curves are drawn from this file."""
+
+    def __init__(self, save_dir: str = "."):
+        super().__init__(save_dir, name="", version="")
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _AppendingWriter(log_dir=self.log_dir)
+        return self._experiment

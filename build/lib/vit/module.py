@@ -1,0 +1,260 @@
+"""The training recipe as a LightningModule: the model knows nothing of it (vit.model)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from jsonargparse.typing import ClosedUnitInterval, NonNegativeFloat, PositiveFloat, PositiveInt
+from lightning.pytorch.callbacks import Timer
+from lightning.pytorch.utilities import rank_zero_info
+from torchmetrics import MaxMetric, MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+from vit.model import ViTConfig, VisionTransformer, flops_per_image, load_pretrained
+from vit.preprocessing import CIFAR10_MEAN, CIFAR10_STD, Metadata, Normalize
+
+
+class ViTClassifier(L.LightningModule):
+    """ViT + the recipe: AdamW (no decay on the model's no-decay set), warmup + cosine per step,
+    label smoothing, random erasing and Mixup/CutMix from timm, top-1/top-5 from torchmetrics."""
+
+    def __init__(
+        self,
+        arch: ViTConfig = ViTConfig(),
+        lr: PositiveFloat = 1e-3,
+        lr_batch_size: PositiveInt = 512,
+        min_lr: NonNegativeFloat = 1e-5,
+        weight_decay: NonNegativeFloat = 0.05,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_epochs: NonNegativeFloat = 5.0,
+        label_smoothing: ClosedUnitInterval = 0.0,
+        mixup: NonNegativeFloat = 0.0,
+        cutmix: NonNegativeFloat = 0.0,
+        mix_prob: ClosedUnitInterval = 1.0,
+        random_erasing: ClosedUnitInterval = 0.0,
+        mean: tuple[float, ...] | None = None,
+        std: tuple[float, ...] | None = None,
+        pretrained: str | None = None,
+        compile: bool = False,
+    ):
+        """
+        Args:
+            arch: the architecture (vit.model.ViTConfig).
+            lr: peak learning rate for a global batch of lr_batch_size images; scaled linearly to the
+                real global batch (batch_size × devices × nodes × accumulation).
+            lr_batch_size: the global batch lr is stated for.
+            min_lr: learning rate at the end of the cosine decay.
+            weight_decay: AdamW weight decay (not on norms, biases, E_pos, [cls]).
+            betas: AdamW betas.
+            warmup_epochs: linear warmup from lr/1000, in epochs (fractions allowed).
+            label_smoothing: label smoothing of the cross-entropy targets.
+            mixup: Mixup alpha (0: off).
+            cutmix: CutMix alpha (0: off).
+            mix_prob: probability of applying Mixup/CutMix to a batch.
+            random_erasing: probability of random erasing per image.
+            mean: per-channel mean of the normalisation (x/255 − mean) / std; default: the pretrained
+                weights' (their pretrained_cfg), else CIFAR-10's.
+            std: per-channel std of the normalisation; default as for mean.
+            pretrained: start from timm ViT weights: a timm model name, hf-hub:USER/REPO, local-dir:DIR, or a
+                .pth/.safetensors file (loaded when fit starts, never when a checkpoint is loaded).
+            compile: torch.compile the model when fit starts.
+        """
+        super().__init__()
+        arch = ViTConfig(**arch) if isinstance(arch, dict) else arch  # a checkpoint stores it as a dict
+        if mean is None or std is None:  # resolved once and stored: a checkpoint never looks them up again
+            from vit.hub import pretrained_normalization
+
+            default_mean, default_std = (pretrained and pretrained_normalization(pretrained)) or (CIFAR10_MEAN, CIFAR10_STD)
+            mean, std = mean or default_mean, std or default_std
+        self.save_hyperparameters(ignore=["arch"])
+        self.hparams.update(mean=tuple(mean), std=tuple(std))
+        self.hparams["arch"] = asdict(arch)  # plain types: checkpoints load with weights_only=True
+        self.model = VisionTransformer(arch)
+        self.normalize = Normalize(mean, std)
+        if len(mean) != arch.in_channels:
+            raise ValueError(f"mean and std need {arch.in_channels} values each, got {mean}, {std}")
+        self.class_names: list[str] = [str(i) for i in range(arch.num_classes)]
+        self.warmup_end_time: float | None = None  # training seconds at the end of warmup (time budgets)
+
+        self.mixup_fn = None
+        if (mixup > 0 or cutmix > 0) and mix_prob > 0:
+            from timm.data import Mixup
+
+            self.mixup_fn = Mixup(mixup_alpha=mixup, cutmix_alpha=cutmix, prob=mix_prob,
+                                  label_smoothing=label_smoothing, num_classes=arch.num_classes)
+        self.random_erasing = None
+        if random_erasing > 0:
+            from timm.data.random_erasing import RandomErasing
+
+            self.random_erasing = RandomErasing(random_erasing, mode="pixel", device="cpu")
+
+        k, top5 = arch.num_classes, min(5, arch.num_classes)
+        self.train_acc = MulticlassAccuracy(k, top_k=1, average="micro")
+        self.train_loss = MeanMetric()
+        self.val_acc = MulticlassAccuracy(k, top_k=1, average="micro")
+        self.val_acc5 = MulticlassAccuracy(k, top_k=top5, average="micro")
+        self.val_loss = MeanMetric()
+        self.val_acc_best = MaxMetric()
+        self.val_acc_best.persistent(True)  # survives a resume
+        self.test_acc = MulticlassAccuracy(k, top_k=1, average="micro")
+        self.test_acc5 = MulticlassAccuracy(k, top_k=top5, average="micro")
+        self.test_loss = MeanMetric()
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 images → logits, normalised as the checkpoint says (vit.preprocessing)."""
+        return self.model(self.normalize(images))
+
+    @property
+    def flops_per_batch(self) -> int:
+        """Analytic FLOPs of one training step of one process (vit.model.flops_per_image), for Throughput."""
+        return flops_per_image(self.model.config, train=True) * self.trainer.datamodule.batch_size
+
+    def metadata(self) -> Metadata:
+        return Metadata(self.model.config, self.class_names, tuple(self.hparams.mean), tuple(self.hparams.std))
+
+    # --- steps --------------------------------------------------------------------------------
+    def training_step(self, batch, batch_idx):
+        images, labels = batch
+        x = self.normalize(images)
+        if self.random_erasing is not None:
+            self.random_erasing.device = x.device
+            x = self.random_erasing(x)
+        if self.mixup_fn is not None:
+            x, soft_targets = self.mixup_fn(x, labels)
+            logits = self.model(x)
+            loss = F.cross_entropy(logits, soft_targets)  # probability targets (smoothing already in them)
+        else:
+            logits = self.model(x)
+            loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
+        self.train_loss(loss.detach())
+        self.train_acc(logits.detach(), labels)
+        self.log("train/loss_step", loss.detach(), on_step=True, on_epoch=False, prog_bar=True)
+        self.log_dict({"train/loss": self.train_loss, "train/acc": self.train_acc}, on_step=False, on_epoch=True)
+        return loss
+
+    def _evaluate(self, batch, loss_metric, acc, acc5, prefix: str):
+        images, labels = batch
+        logits = self(images)
+        loss_metric(F.cross_entropy(logits, labels), weight=len(labels))
+        acc(logits, labels)
+        acc5(logits, labels)
+        self.log_dict({f"{prefix}/loss": loss_metric, f"{prefix}/acc": acc, f"{prefix}/acc5": acc5},
+                      on_step=False, on_epoch=True, prog_bar=prefix == "val")
+        return logits
+
+    def validation_step(self, batch, batch_idx):
+        return self._evaluate(batch, self.val_loss, self.val_acc, self.val_acc5, "val")
+
+    def on_validation_epoch_end(self):
+        if not self.trainer.sanity_checking:
+            self.val_acc_best(self.val_acc.compute())
+        self.log("val/acc_best", self.val_acc_best.compute() if self.val_acc_best.update_called else 0.0,
+                 prog_bar=True)
+
+    def on_test_epoch_start(self):
+        self.test_predictions: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def test_step(self, batch, batch_idx):
+        logits = self._evaluate(batch, self.test_loss, self.test_acc, self.test_acc5, "test")
+        self.test_predictions.append((logits.float().softmax(-1).cpu(), batch[1].cpu()))  # for vit.report
+        return logits
+
+    # --- optimisation -------------------------------------------------------------------------
+    def configure_optimizers(self):
+        """AdamW and timm's warmup + cosine, stepped per update. The cosine spans the run: its steps,
+        or — when ``--trainer.max_time`` is set — the time budget, whichever ends the run first, so a
+        run cut off by the clock still ends at ``min_lr``."""
+        from timm.optim import create_optimizer_v2
+        from timm.scheduler import CosineLRScheduler
+
+        hp, trainer = self.hparams, self.trainer
+        global_batch = trainer.datamodule.batch_size * trainer.world_size * trainer.accumulate_grad_batches
+        lr = hp.lr * global_batch / hp.lr_batch_size
+        total = trainer.estimated_stepping_batches
+        trainer.fit_loop.setup_data()  # (done already unless the run is open-ended) num_training_batches
+        self._timer = next((cb for cb in trainer.callbacks if isinstance(cb, Timer)), None)
+        if total == float("inf") and self._timer is None:
+            raise ValueError("set --trainer.max_epochs, --trainer.max_steps or --trainer.max_time: "
+                             "the cosine schedule needs a length")
+        per_epoch = max(1, trainer.num_training_batches // trainer.accumulate_grad_batches)
+        warmup = int(round(hp.warmup_epochs * per_epoch))
+        if total != float("inf"):
+            warmup = min(warmup, int(total) - 1)
+        self._warmup, self._decay = warmup, int(total) - warmup if total != float("inf") else 10_000
+        self._finite_total = total != float("inf")
+        length = f"step {int(total)}" if self._finite_total else ""
+        if self._timer is not None:
+            budget = self._timer.time_elapsed() + self._timer.time_remaining()
+            length = f"{length} or " * bool(length) + f"{budget:.0f} s of training, whichever comes first"
+        rank_zero_info(f"global batch {global_batch}: lr {hp.lr:g} × {global_batch}/{hp.lr_batch_size} = {lr:g}; "
+                       f"{warmup} warmup steps, then cosine to {hp.min_lr:g} at {length}")
+        fused = self.device.type == "cuda"
+        optimizer = create_optimizer_v2(self.model, "adamw", lr=lr, weight_decay=hp.weight_decay,
+                                        betas=tuple(hp.betas), **({"fused": True} if fused else {}))
+        scheduler = CosineLRScheduler(optimizer, t_initial=max(self._decay, 1), lr_min=hp.min_lr,
+                                      warmup_t=warmup, warmup_lr_init=lr * 1e-3 if warmup else lr,
+                                      warmup_prefix=True, t_in_epochs=False)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def lr_scheduler_step(self, scheduler, metric):
+        scheduler.step_update(num_updates=self._schedule_position())  # timm schedulers step by update count
+
+    def _schedule_position(self) -> int:
+        """Warmup by steps; then the cosine at the share of the run done: steps done over the total, or
+        training time used over ``max_time`` (after warmup), whichever is further."""
+        step, warmup = self.global_step, self._warmup
+        if step <= warmup or self._timer is None:
+            return step
+        done = (step - warmup) / self._decay if self._finite_total else 0.0
+        elapsed = self._timer.time_elapsed()
+        if self.warmup_end_time is None:
+            self.warmup_end_time = elapsed
+        budget = elapsed + self._timer.time_remaining()
+        done = max(done, (elapsed - self.warmup_end_time) / max(budget - self.warmup_end_time, 1e-9))
+        if self.trainer.world_size > 1:  # one clock for all ranks, so every rank steps with the same lr
+            done = self.trainer.strategy.broadcast(done)
+        return warmup + round(min(done, 1.0) * self._decay)
+
+    def configure_callbacks(self):
+        from lightning.pytorch.callbacks import LearningRateMonitor
+
+        from vit.callbacks import EpochSeed, StopOnNonFinite
+
+        guard = StopOnNonFinite(every_n_steps=self.trainer.log_every_n_steps)
+        return [EpochSeed(), guard] + ([LearningRateMonitor("step")] if self.trainer.loggers else [])
+
+    # --- weights that are not ours, and what a checkpoint carries ------------------------------
+    def setup(self, stage: str) -> None:
+        classes = getattr(getattr(self.trainer, "datamodule", None), "classes", None)
+        if classes:
+            if len(classes) != self.model.config.num_classes:
+                raise ValueError(f"the data has {len(classes)} classes but the model has num_classes="
+                                 f"{self.model.config.num_classes}")
+            self.class_names = list(classes)
+        if stage == "fit":  # never when a checkpoint is merely loaded for inference or test
+            if self.hparams.pretrained and self.trainer.ckpt_path is None:
+                load_pretrained(self.model, self.hparams.pretrained)
+            if self.hparams.compile:
+                self.model.compile()
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Everything classification needs, in plain types: no config file, no Lightning. A model with
+        non-finite weights is never saved (vit.callbacks.StopOnNonFinite says why training stopped)."""
+        from lightning.pytorch.loggers import WandbLogger
+
+        from vit.callbacks import TrainingDiverged
+
+        if not all(torch.isfinite(p).all() for p in self.model.parameters()):
+            raise TrainingDiverged(f"training diverged by step {self.global_step} (epoch {self.current_epoch}): "
+                                   "the weights are not finite; no checkpoint was written")
+        wandb = next((lg for lg in self.loggers if isinstance(lg, WandbLogger)), None)
+        checkpoint["vit"] = {**self.metadata().to_dict(), "wandb_run_id": wandb.version if wandb else None,
+                             "warmup_end_time": self.warmup_end_time}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "vit" in checkpoint:
+            self.class_names = list(checkpoint["vit"]["class_names"])
+            self.warmup_end_time = checkpoint["vit"].get("warmup_end_time")

@@ -1,0 +1,95 @@
+"""Run folders: everything one training run writes — checkpoints, W&B files, metrics, the resolved
+config, the bad-file list, figures — lives in one folder, ``<root>/version_N`` (as Lightning's
+loggers number theirs). A new run claims the next version; a resumed run keeps its folder.
+
+Processes of one launch agree on the folder: Lightning's own DDP launcher passes it to the processes it
+starts (``VIT_RUN_DIR``); processes started by SLURM or torchrun name it after their launch
+(``slurm-<job id>``, ``torchrun-<run id>``), so a requeued job continues in its folder.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CHECKPOINTS = "checkpoints"
+LAST = "last.ckpt"
+ENV = "VIT_RUN_DIR"
+
+
+class RunError(ValueError):
+    """A run folder that cannot be used as asked; the message says what to do instead."""
+
+
+def last_checkpoint(run: Path) -> Path | None:
+    path = run / CHECKPOINTS / LAST
+    return path if path.is_file() else None
+
+
+def newest_run(root: Path) -> Path | None:
+    """The run under ``root`` whose last.ckpt was written last."""
+    runs = [d for d in root.iterdir() if d.is_dir() and last_checkpoint(d)] if root.is_dir() else []
+    return max(runs, key=lambda d: last_checkpoint(d).stat().st_mtime, default=None)
+
+
+def run_of(checkpoint: Path) -> Path | None:
+    """The run folder a checkpoint was written into, if it sits in one (``<run>/checkpoints/*.ckpt``)."""
+    return checkpoint.resolve().parent.parent if checkpoint.resolve().parent.name == CHECKPOINTS else None
+
+
+def claim_new_version(root: Path) -> Path:
+    """Create and return ``root/version_N`` for the next free N (atomic: two runs never share one)."""
+    root.mkdir(parents=True, exist_ok=True)
+    taken = [int(d.name.removeprefix("version_")) for d in root.glob("version_*")
+             if d.name.removeprefix("version_").isdigit()]
+    n = max(taken, default=-1) + 1
+    while True:
+        try:
+            (root / f"version_{n}").mkdir()
+            return root / f"version_{n}"
+        except FileExistsError:
+            n += 1
+
+
+def launch_name() -> str | None:
+    """The shared name of a run whose processes an external launcher started together, or None."""
+    env = os.environ
+    if int(env.get("WORLD_SIZE", 1)) <= 1 and int(env.get("SLURM_NTASKS", 1)) <= 1:
+        return None
+    if env.get("SLURM_JOB_ID"):
+        return f"slurm-{env['SLURM_JOB_ID']}"
+    if env.get("TORCHELASTIC_RUN_ID", "none") != "none":
+        return f"torchrun-{env['TORCHELASTIC_RUN_ID']}"
+    return f"launch-{env.get('MASTER_ADDR', 'localhost')}-{env.get('MASTER_PORT', 0)}"
+
+
+def resolve(root: Path, ckpt_path: str | None, name: str | None) -> tuple[Path, Path | None, str | None]:
+    """(run folder, checkpoint to resume or None, one line to print or None) for a ``fit``.
+
+    ``ckpt_path``: None (a new run), "last" (the newest run of ``root``, or the run ``name``), or a file
+    (its own run folder when it sits in one). ``name``: a run folder under ``root`` chosen by the user.
+    """
+    shared = os.environ.get(ENV)
+    if shared:  # a process started by Lightning's DDP launcher: the launching process chose
+        run = Path(shared)
+        return run, (last_checkpoint(run) if ckpt_path == "last" else ckpt_path and Path(ckpt_path)), None
+    fixed = name or launch_name()
+    if ckpt_path and ckpt_path != "last":
+        ckpt = Path(ckpt_path)
+        run = root / fixed if fixed else run_of(ckpt) or claim_new_version(root)
+        run.mkdir(parents=True, exist_ok=True)
+        return run, ckpt, f"resuming from {ckpt}; this run writes into {run}"
+    if fixed:
+        run = root / fixed
+        ckpt = last_checkpoint(run) if ckpt_path == "last" else None
+        if ckpt is None and last_checkpoint(run) and name:
+            raise RunError(f"--run {name}: {run} holds a run already; resume it with --ckpt_path last, "
+                           f"or choose another name")
+        run.mkdir(parents=True, exist_ok=True)
+        return run, ckpt, f"resuming {run} from its {LAST}" if ckpt else None
+    if ckpt_path == "last":
+        run = newest_run(root)
+        if run is not None:
+            return run, last_checkpoint(run), f"resuming {run} (the newest run under {root}) from its {LAST}"
+        return claim_new_version(root), None, f"--ckpt_path last: no run under {root} has a {LAST} yet; starting a new run"
+    return claim_new_version(root), None, None

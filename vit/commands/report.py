@@ -1,0 +1,29 @@
+"""`vit-report RUN_DIR`: draw a run's figures again — learning curves from its metrics.csv, and the test
+confusion matrix and example images from its best checkpoint, evaluated again on the test set with the
+run's own config (config.yaml). Extra arguments go to `vit-train test` (e.g. --data.root DIR).
+
+Exit status as for vit-train test: 0 written, 2 the run folder or its checkpoint cannot be used.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from vit import runs
+from vit.commands import train
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    run, extra = Path(argv[0]), argv[1:]
+    best = sorted((run / runs.CHECKPOINTS).glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)
+    ckpt = best[-1] if best else runs.last_checkpoint(run)
+    if not (run / "config.yaml").is_file() or ckpt is None:
+        print(f"error: {run}: not a run folder (it needs config.yaml and checkpoints/)", file=sys.stderr)
+        return 2
+    return train.main(["test", "--config", str(run / "config.yaml"), "--ckpt_path", str(ckpt),
+                       "--trainer.logger", "false", *extra])
