@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     paths = find_images(args.images)
     results = [{"image": str(p)} for p in paths]
     workers = args.workers if len(paths) > args.batch_size else 0  # a few images: no processes to start
+    if workers >= (os.cpu_count() or 1):
+        torch.set_num_threads(1)  # the cores decode; one thread for the model keeps them from fighting
     loader = DataLoader(ImageFiles(paths, clf.meta.config.image_size), batch_size=args.batch_size,
                         num_workers=workers, collate_fn=collate)
     from tqdm import tqdm
