@@ -86,7 +86,7 @@ def load_timm_folder(spec: str):
     return Classifier(model, meta)
 
 
-def test_accuracy(run: Path | None) -> tuple[float, float] | None:
+def measured_accuracy(run: Path | None) -> tuple[float, float] | None:
     """The last test top-1/top-5 logged in a run folder's metrics.csv."""
     path = run / "metrics.csv" if run else None
     if not path or not path.is_file():
@@ -98,7 +98,7 @@ def test_accuracy(run: Path | None) -> tuple[float, float] | None:
 def model_card(classifier, checkpoint: Path, hparams: dict, run: Path | None, repo: str | None) -> str:
     """README.md of the exported folder: what it is, how it was trained, what it measured, how to load it."""
     meta, c = classifier.meta, classifier.meta.config
-    acc = test_accuracy(run)
+    acc = measured_accuracy(run)
     measured = (f"**{100 * acc[0]:.2f} %** test top-1 ({100 * acc[1]:.2f} % top-5), as logged at the end of the "
                 f"training run (`{run}/metrics.csv`)" if acc else "not measured (no test result in the run folder)")
     config = (run / "config.yaml") if run else None
