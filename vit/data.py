@@ -12,6 +12,7 @@ Batches are uint8 images and integer labels; mean/std belong to the model (``vit
 
 from __future__ import annotations
 
+import copy
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -343,9 +344,9 @@ class ImageFolderDataModule(ImageDataModule):
             raise DatasetError(f"{self.root / 'train'} holds no readable images in the class folders {self.classes}")
         if val is None:
             train_idx, val_idx = self.split(torch.tensor(train.targets))
-            val = Subset(ClassFolder(self.root / "train", self.classes, self.eval_transform()), val_idx.tolist())
-            val.dataset.drop(set(self.bad_files))
-            train = Subset(train, train_idx.tolist())
+            held_out = copy.copy(train)  # the same scanned, checked files, with the validation transform
+            held_out.transform = self.eval_transform()
+            val, train = Subset(held_out, val_idx.tolist()), Subset(train, train_idx.tolist())
         if test is None:
             rank_zero_info(f"{self.root} has no test/ folder: the validation images are used for the test")
         self.train_set, self.val_set, self.test_set = train, val, test or val

@@ -40,6 +40,12 @@ class Classifier:
         return self.model(self.normalize(batch.to(self.normalize.mean.device))).float().softmax(-1)
 
 
+def add_checkpoint_argument(parser) -> None:
+    """``--checkpoint``, as every command that reads a trained model takes it (see ``load_classifier``)."""
+    parser.add_argument("--checkpoint", required=True, help="a training .ckpt, an exported .safetensors, or a "
+                                                            "timm folder: local-dir:DIR or hf-hub:USER/REPO")
+
+
 def _build(meta, state: dict, where: str) -> Classifier:
     try:
         meta = Metadata.from_dict(meta)

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from vit.checkpoints import CheckpointError
 from vit.images import ImageError, find_images, load_image
-from vit.inference import load_classifier
+from vit.inference import add_checkpoint_argument, load_classifier
 from vit.preprocessing import resize
 
 SCREENFUL = 40
@@ -30,8 +30,7 @@ SCREENFUL = 40
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="vit-classify", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True,
-                   help="a training .ckpt, an exported .safetensors, or a timm folder: local-dir:DIR or hf-hub:USER/REPO")
+    add_checkpoint_argument(p)
     p.add_argument("images", nargs="+", help="image files and/or directories (walked for images)")
     p.add_argument("--top-k", type=int, default=3)
     p.add_argument("--json", action="store_true", help="print one JSON document")

@@ -15,13 +15,13 @@ import sys
 from pathlib import Path
 
 from vit.checkpoints import CheckpointError
-from vit.inference import load_classifier
+from vit.inference import add_checkpoint_argument, load_classifier
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="vit-export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="training .ckpt, or an exported .safetensors")
+    add_checkpoint_argument(p)
     p.add_argument("--output", required=True, type=Path)
     p.add_argument("--format", choices=["safetensors", "onnx", "timm"], default=None,
                    help="default: from the output's suffix (.onnx → onnx, .safetensors → safetensors, "

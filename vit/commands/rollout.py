@@ -13,7 +13,7 @@ from pathlib import Path
 
 from vit.checkpoints import CheckpointError
 from vit.images import ImageError, find_images, load_image
-from vit.inference import load_classifier
+from vit.inference import add_checkpoint_argument, load_classifier
 from vit.rollout import HEAD_FUSIONS, explain
 from vit.visualize import save_figure, upsample
 
@@ -21,8 +21,7 @@ from vit.visualize import save_figure, upsample
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="vit-rollout", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True,
-                   help="a training .ckpt, an exported .safetensors, or a timm folder: local-dir:DIR or hf-hub:USER/REPO")
+    add_checkpoint_argument(p)
     p.add_argument("images", nargs="+", help="image files and/or directories")
     p.add_argument("--output-dir", required=True, type=Path)
     p.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean")
