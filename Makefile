@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 
-.PHONY: install train test benchmark
+.PHONY: install train test test-cluster benchmark
 
 install: $(VENV)/.installed
 
@@ -18,7 +18,12 @@ train: install
 	$(BIN)/python scripts/train.py $(ARGS)
 
 test: install
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q --ignore=tests/cluster $(ARGS)
+
+# Multi-process runs: DDP with the defaults, torchrun across two "nodes", and jobs submitted to SLURM
+# (scripts/slurm/local_cluster.sh starts a one-node cluster here; without sbatch those are skipped).
+test-cluster: install
+	$(BIN)/python -m pytest -q tests/cluster $(ARGS)
 
 benchmark: install
 	$(BIN)/python scripts/benchmark.py $(ARGS)

@@ -26,3 +26,28 @@ class PoisonAtEpoch(L.Callback):
 
             with torch.no_grad():
                 pl_module.model.head.weight.fill_(float("inf"))
+
+
+class SlowSteps(L.Callback):
+    """Sleep after each training step, so that a signal can arrive in the middle of an epoch."""
+
+    def __init__(self, seconds: float = 0.2):
+        self.seconds = seconds
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        import time
+
+        time.sleep(self.seconds)
+
+
+class StallRank(L.Callback):
+    """Rank ``rank`` stops answering for ``seconds`` after epoch 0, as a stuck or desynchronised process."""
+
+    def __init__(self, rank: int = 1, seconds: float = 25):
+        self.rank, self.seconds = rank, seconds
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if trainer.global_rank == self.rank and trainer.current_epoch == 0:
+            import time
+
+            time.sleep(self.seconds)

@@ -283,33 +283,6 @@ def test_own_image_folders_with_bad_and_rotated_files_train(tmp_path):
     assert "Traceback" not in proc.stderr and "warning: skipping" not in proc.stderr
 
 
-def test_ddp_two_processes_on_cpu(tmp_path, fake_cifar_session):
-    proc = train(tmp_path, fake_cifar_session, "--trainer.devices", "2", "--trainer.strategy", "ddp",
-                 "--trainer.max_epochs", "1", "--trainer.accelerator", "cpu")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    run = tmp_path / "runs" / "smoke" / "version_0"
-    assert [p.name for p in run.parent.iterdir()] == ["version_0"]  # both processes wrote into one folder
-    (best,) = (run / "checkpoints").glob("best-*.ckpt")
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == sorted([best.name, "last.ckpt"])
-    assert len(list((run / "wandb").glob("offline-run-*"))) == 1
-    assert len(re.findall(r"test on 200 images", proc.stderr + proc.stdout)) == 1
-    ckpt = load(best)
-    ddp_acc = best_val_acc(ckpt)
-
-    # the same weights, validated by a single process
-    from vit.data import CIFAR10DataModule
-    from vit.module import ViTClassifier
-
-    model = ViTClassifier(**{k: v for k, v in ckpt["hyper_parameters"].items() if not k.startswith("_")})
-    model.load_state_dict(ckpt["state_dict"])
-    dm = CIFAR10DataModule(root=str(fake_cifar_session), val_size=100, num_workers=0, batch_size=50)
-    dm.setup("fit")
-    model.eval()
-    with torch.no_grad():
-        correct = sum((model(x).argmax(-1) == y).sum().item() for x, y in dm.val_dataloader())
-    assert correct / len(dm.val_set) == pytest.approx(ddp_acc, abs=1e-6)
-
-
 def test_resumed_run_continues_the_same_wandb_run(tmp_path, fake_cifar_session):
     args = ["--trainer.max_epochs", "2", "--test_after_fit", "false"]
     first = train(tmp_path, fake_cifar_session, *args, "--trainer.callbacks+=callbacks.StopAfterEpoch",

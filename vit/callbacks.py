@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+import sys
+import threading
 import time
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ThroughputMonitor
+from lightning.pytorch.callbacks import ThroughputMonitor, TQDMProgressBar
+from lightning.pytorch.callbacks.progress.progress_bar import get_standard_metrics
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
@@ -17,6 +21,11 @@ from lightning.pytorch.utilities import rank_zero_info
 
 class TrainingDiverged(RuntimeError):
     """The loss or the gradients became non-finite; the message says where and what to try."""
+
+
+class Preempted(RuntimeError):
+    """SLURM asked the job to stop (SIGUSR1 before a time limit or a preemption); the message says
+    whether the job was requeued and where it resumes."""
 
 
 class EpochSeed(L.Callback):
@@ -196,7 +205,7 @@ class WandbRollout(L.Callback):
 
         val_set = trainer.datamodule.val_set
         images = torch.stack([val_set[i][0] for i in range(min(self.num_images, len(val_set)))])
-        probs, rollout = explain(pl_module.model, pl_module.normalize(images.to(pl_module.device)))
+        probs, rollout = explain(pl_module.eval_model, pl_module.normalize(images.to(pl_module.device)))
         names = pl_module.class_names
         pictures = [overlay(img, upsample(r.cpu(), *img.shape[-2:])) for img, r in zip(images, rollout)]
         captions = [f"{names[p.argmax()]} ({p.max():.2f})" for p in probs.cpu()]
@@ -226,3 +235,111 @@ class LogConfig(SaveConfigCallback):
 
             wandb.experiment.config.update(yaml.safe_load(self.parser.dump(self.config, skip_none=False)),
                                            allow_val_change=True)
+
+
+class ProgressBar(TQDMProgressBar):
+    """Lightning's TQDM bar in a terminal; anywhere else (a SLURM output file, a pipe) one plain line
+    every ``every_n_steps`` training steps and one per validation, since the bar's carriage returns
+    flood log files (Lightning #6647).
+
+    Either way it shows the values every process has already computed and never computes a metric
+    itself: at an epoch's end that would be a synced metric's all-gather on rank zero alone, while the
+    other ranks issue their next collective (a DDP deadlock; Lightning's own bar does exactly that)."""
+
+    def __init__(self, refresh_rate: int = 1, every_n_steps: int | None = None, terminal: bool | None = None):
+        """
+        Args:
+            refresh_rate: update the terminal bar every this many steps.
+            every_n_steps: without a terminal, print a line every this many steps (default: the
+                Trainer's log_every_n_steps).
+            terminal: force the bar (True) or the lines (False); default: whether stderr is a terminal.
+        """
+        super().__init__(refresh_rate=refresh_rate)
+        self.terminal = sys.stderr.isatty() if terminal is None else terminal
+        self.every_n_steps = every_n_steps
+        self._started = time.perf_counter()
+
+    def get_metrics(self, trainer, pl_module):
+        computed = getattr(trainer._logger_connector, "_progress_bar_metrics", {})  # filled on every rank
+        return {**get_standard_metrics(trainer), **computed}
+
+    def _line(self, trainer, text: str, prefix: str) -> None:
+        metrics = {k: v for k, v in self.get_metrics(trainer, trainer.lightning_module).items() if k.startswith(prefix)}
+        shown = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
+        elapsed = time.perf_counter() - self._started
+        print(f"[{elapsed:7.0f} s] {text} {shown}".rstrip(), file=sys.stderr, flush=True)
+
+    def on_train_start(self, trainer, pl_module):
+        self._started = time.perf_counter()
+        if self.terminal:
+            super().on_train_start(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.terminal:
+            return super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        every = self.every_n_steps or trainer.log_every_n_steps
+        if trainer.is_global_zero and (batch_idx + 1) % every == 0:
+            total = self.total_train_batches
+            of = f"/{total}" if isinstance(total, int) else ""
+            self._line(trainer, f"epoch {trainer.current_epoch} batch {batch_idx + 1}{of} step {trainer.global_step}:", "train/")
+
+    def on_validation_end(self, trainer, pl_module):
+        if self.terminal:
+            return super().on_validation_end(trainer, pl_module)
+        if trainer.is_global_zero and not trainer.sanity_checking:
+            self._line(trainer, f"epoch {trainer.current_epoch} validation:", "val/")
+
+
+# Every other hook of the bar draws or closes a tqdm bar: without a terminal there is none.
+for _hook in ("on_sanity_check_start", "on_sanity_check_end", "on_train_epoch_start", "on_train_epoch_end",
+              "on_train_end", "on_validation_start", "on_validation_batch_start", "on_validation_batch_end",
+              "on_test_start", "on_test_batch_start", "on_test_batch_end", "on_test_end", "on_predict_start",
+              "on_predict_batch_start", "on_predict_batch_end", "on_predict_end"):
+    def _only_in_a_terminal(self, *args, _hook=_hook, **kwargs):
+        if self.terminal:
+            return getattr(TQDMProgressBar, _hook)(self, *args, **kwargs)
+    setattr(ProgressBar, _hook, _only_in_a_terminal)
+
+
+class StopOnSignal(L.Callback):
+    """Preemption on SLURM, handled where every process is at the same point: a step boundary.
+
+    SLURM sends SIGUSR1 before a time limit or a preemption (``#SBATCH --signal=SIGUSR1@90``); the
+    handler only notes it. Every ``every_n_steps`` steps all processes agree (one all-reduce) whether
+    any of them got it; if so every process stops with ``Preempted`` (exit 4), writing nothing more, and
+    scripts/slurm/train.sbatch requeues the job (same job id, same run folder). The requeued job resumes
+    from the run's last.ckpt — the last completed epoch — and ends with exactly the weights of an
+    uninterrupted job. (Lightning's own handler saves a checkpoint from inside the signal handler,
+    issuing collectives in the middle of a step while the other ranks wait in backward: a deadlock,
+    Lightning #21406; vit.commands.train turns it off.) Outside a SLURM job this does nothing."""
+
+    def __init__(self, every_n_steps: int = 1):
+        self.every_n_steps = max(1, every_n_steps)
+        self.job = None
+        self.signalled = False
+
+    def setup(self, trainer, pl_module, stage):
+        from vit.runs import slurm_job
+
+        self.job = slurm_job() if stage == "fit" else None
+        if self.job and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGUSR1, self._note)
+
+    def _note(self, signum, frame):
+        self.signalled = True
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.job and trainer.global_step % self.every_n_steps == 0:
+            self.check(trainer)
+
+    def check(self, trainer) -> None:
+        if not trainer.strategy.reduce_boolean_decision(self.signalled, all=False):
+            return
+        wandb = _wandb(trainer)
+        if trainer.is_global_zero and wandb is not None and wandb._experiment is not None:
+            wandb.experiment.mark_preempting()
+        last = os.path.join(trainer.default_root_dir, "checkpoints", "last.ckpt")
+        resume = f"resumes from {last}" if os.path.isfile(last) else "starts again in its run folder (no epoch was completed)"
+        raise Preempted(f"SLURM job {self.job} got SIGUSR1 (a time limit or preemption is near): stopped at step "
+                        f"{trainer.global_step}, in epoch {trainer.current_epoch}. Requeued by "
+                        f"scripts/slurm/train.sbatch under the same id, it {resume}.")

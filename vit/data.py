@@ -147,8 +147,17 @@ class ImageDataModule(L.LightningDataModule):
 
     # Workers are not persistent: each epoch's workers are seeded from that epoch's RNG state, which is
     # what makes a resumed run identical to an uninterrupted one (vit.callbacks.EpochSeed).
+    # Validation and test under DDP: each process reads its own share of the images, every image once
+    # (Lightning's DistributedSampler would pad the shares to equal length with repeated images,
+    # Lightning #2398; the synced metrics then sum the shares exactly).
     def _loader(self, dataset, train: bool, collate_fn=None) -> DataLoader:
-        return DataLoader(dataset, batch_size=self.batch_size, shuffle=train, drop_last=train,
+        sampler = None
+        if not train and self.trainer is not None and self.trainer.world_size > 1:
+            from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+
+            sampler = UnrepeatedDistributedSampler(dataset, num_replicas=self.trainer.world_size,
+                                                   rank=self.trainer.global_rank, shuffle=False)
+        return DataLoader(dataset, batch_size=self.batch_size, shuffle=train, drop_last=train, sampler=sampler,
                           num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
                           collate_fn=collate_fn)
 

@@ -72,7 +72,9 @@ def load_classifier(path: str | Path) -> Classifier:
     if path.suffix == ".safetensors":
         return _load_export(path)
     ckpt = read_checkpoint(path)
-    state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    # the EMA's weights when the run kept one (vit.module: the evaluated model), else the model's
+    prefix = "ema.module." if any(k.startswith("ema.module.") for k in ckpt["state_dict"]) else "model."
+    state = {k.removeprefix(prefix): v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
     return _build(ckpt.get("vit"), state, str(path))
 
 

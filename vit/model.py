@@ -42,6 +42,8 @@ class ViTConfig:
         dropout: dropout on E_pos-added tokens, MLP and W^o outputs.
         attn_dropout: dropout on the attention weights.
         drop_path: stochastic-depth rate of the last block (linear from 0 over depth).
+        patch_drop: share of the N patch tokens dropped at random per image in training (timm's
+            PatchDropout; [cls] is always kept): fewer tokens per step. Identity in eval mode.
     """
 
     image_size: int = 32
@@ -55,6 +57,7 @@ class ViTConfig:
     dropout: float = 0.0
     attn_dropout: float = 0.0
     drop_path: float = 0.0
+    patch_drop: float = 0.0
 
     def __post_init__(self):
         for name in ("image_size", "patch_size", "in_channels", "num_classes", "dim", "depth", "heads"):
@@ -69,7 +72,7 @@ class ViTConfig:
             raise ValueError(f"dim {self.dim} is not divisible by heads {self.heads}")
         if not self.mlp_ratio > 0 or int(self.dim * self.mlp_ratio) < 1:
             raise ValueError(f"mlp_ratio must be positive, got {self.mlp_ratio!r}")
-        for name in ("dropout", "attn_dropout", "drop_path"):
+        for name in ("dropout", "attn_dropout", "drop_path", "patch_drop"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {value!r}")
@@ -178,6 +181,11 @@ class VisionTransformer(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.dim))  # x_cls
         self.pos_embedding = nn.Parameter(torch.zeros(1, cfg.num_patches + 1, cfg.dim))  # E_pos
         self.pos_drop = nn.Dropout(cfg.dropout)
+        self.patch_drop = nn.Identity()
+        if cfg.patch_drop:  # (timm imported only then: classify stays light)
+            from timm.layers import PatchDropout
+
+            self.patch_drop = PatchDropout(cfg.patch_drop, num_prefix_tokens=1)
         # Stochastic depth grows linearly with depth, as in DeiT and timm.
         rates = torch.linspace(0, cfg.drop_path, cfg.depth).tolist()
         self.blocks = nn.ModuleList(Block(cfg, rate) for rate in rates)
@@ -209,6 +217,7 @@ class VisionTransformer(nn.Module):
         x = self.patch_embedding(images)  # B×N×D
         cls = self.cls_token.expand(x.shape[0], -1, -1)
         x = self.pos_drop(torch.cat([cls, x], dim=1) + self.pos_embedding)  # z_0 = [x_cls; x_p E] + E_pos
+        x = self.patch_drop(x)  # training only: a random subset of the patch tokens, [cls] kept
         attentions = []
         for i, block in enumerate(self.blocks):
             # The head reads only [cls] of the last block, so unless all attention maps are asked

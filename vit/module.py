@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import Literal
 
 import lightning as L
 import torch
 import torch.nn.functional as F
-from jsonargparse.typing import ClosedUnitInterval, NonNegativeFloat, PositiveFloat, PositiveInt
+from jsonargparse.typing import ClosedUnitInterval, NonNegativeFloat, OpenUnitInterval, PositiveFloat, PositiveInt
 from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MaxMetric, MeanMetric
@@ -18,8 +19,9 @@ from vit.preprocessing import CIFAR10_MEAN, CIFAR10_STD, Metadata, Normalize
 
 
 class ViTClassifier(L.LightningModule):
-    """ViT + the recipe: AdamW (no decay on the model's no-decay set), warmup + cosine per step,
-    label smoothing, random erasing and Mixup/CutMix from timm, top-1/top-5 from torchmetrics."""
+    """ViT + the recipe: AdamW, or Muon for the blocks' matrices (no decay on the model's no-decay set),
+    warmup + cosine per step, label smoothing, random erasing and Mixup/CutMix from timm, an EMA of the
+    weights (timm's ModelEmaV3), top-1/top-5 from torchmetrics."""
 
     def __init__(
         self,
@@ -29,6 +31,9 @@ class ViTClassifier(L.LightningModule):
         min_lr: NonNegativeFloat = 1e-5,
         weight_decay: NonNegativeFloat = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
+        optimizer: Literal["adamw", "muon"] = "adamw",
+        muon_lr: PositiveFloat = 0.02,
+        ema_decay: OpenUnitInterval | None = None,
         warmup_epochs: NonNegativeFloat = 5.0,
         label_smoothing: ClosedUnitInterval = 0.0,
         mixup: NonNegativeFloat = 0.0,
@@ -49,6 +54,13 @@ class ViTClassifier(L.LightningModule):
             min_lr: learning rate at the end of the cosine decay.
             weight_decay: AdamW weight decay (not on norms, biases, E_pos, [cls]).
             betas: AdamW betas.
+            optimizer: "adamw" for every weight, or "muon": timm's Muon (orthogonalised momentum) for
+                the 2-D weights of the blocks (QKV, W^o, MLP), AdamW for E, the head, norms, biases,
+                [cls] and E_pos — the split of the CIFAR-10 and nanoGPT speed records.
+            muon_lr: Muon's peak learning rate, for a global batch of lr_batch_size (scaled as lr).
+            ema_decay: keep an exponential moving average of the weights with this decay (timm's
+                ModelEmaV3); validation, test, classify and export then use the EMA weights (the raw
+                ones stay in the checkpoint for resuming). None: off.
             warmup_epochs: linear warmup from lr/1000, in epochs (fractions allowed).
             label_smoothing: label smoothing of the cross-entropy targets.
             mixup: Mixup alpha (0: off).
@@ -73,6 +85,11 @@ class ViTClassifier(L.LightningModule):
         self.hparams.update(mean=tuple(mean), std=tuple(std))
         self.hparams["arch"] = asdict(arch)  # plain types: checkpoints load with weights_only=True
         self.model = VisionTransformer(arch)
+        self.ema = None
+        if ema_decay is not None:
+            from timm.utils import ModelEmaV3
+
+            self.ema = ModelEmaV3(self.model, decay=ema_decay).requires_grad_(False)
         self.normalize = Normalize(mean, std)
         if len(mean) != arch.in_channels:
             raise ValueError(f"mean and std need {arch.in_channels} values each, got {mean}, {std}")
@@ -103,9 +120,14 @@ class ViTClassifier(L.LightningModule):
         self.test_acc5 = MulticlassAccuracy(k, top_k=top5, average="micro")
         self.test_loss = MeanMetric()
 
+    @property
+    def eval_model(self):
+        """The weights that are validated, tested, classified and exported: the EMA's when it is on."""
+        return self.ema.module if self.ema is not None else self.model
+
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 images → logits, normalised as the checkpoint says (vit.preprocessing)."""
-        return self.model(self.normalize(images))
+        """uint8 images → logits of the evaluated weights, normalised as the checkpoint says (vit.preprocessing)."""
+        return self.eval_model(self.normalize(images))
 
     @property
     def flops_per_batch(self) -> int:
@@ -135,6 +157,10 @@ class ViTClassifier(L.LightningModule):
         self.log_dict({"train/loss": self.train_loss, "train/acc": self.train_acc}, on_step=False, on_epoch=True)
         return loss
 
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self.ema is not None:
+            self.ema.update(self.model, step=self.global_step)
+
     def _evaluate(self, batch, loss_metric, acc, acc5, prefix: str):
         images, labels = batch
         logits = self(images)
@@ -152,7 +178,7 @@ class ViTClassifier(L.LightningModule):
         if not self.trainer.sanity_checking:
             self.val_acc_best(self.val_acc.compute())
         self.log("val/acc_best", self.val_acc_best.compute() if self.val_acc_best.update_called else 0.0,
-                 prog_bar=True)
+                 prog_bar=True, sync_dist=True)  # equal on every rank already (from the synced val/acc)
 
     def on_test_epoch_start(self):
         self.test_predictions: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -191,13 +217,35 @@ class ViTClassifier(L.LightningModule):
             length = f"{length} or " * bool(length) + f"{budget:.0f} s of training, whichever comes first"
         rank_zero_info(f"global batch {global_batch}: lr {hp.lr:g} × {global_batch}/{hp.lr_batch_size} = {lr:g}; "
                        f"{warmup} warmup steps, then cosine to {hp.min_lr:g} at {length}")
-        fused = self.device.type == "cuda"
-        optimizer = create_optimizer_v2(self.model, "adamw", lr=lr, weight_decay=hp.weight_decay,
-                                        betas=tuple(hp.betas), **({"fused": True} if fused else {}))
+        if hp.optimizer == "muon":
+            from timm.optim import Muon
+
+            muon_lr = hp.muon_lr * global_batch / hp.lr_batch_size
+            optimizer = Muon(self.param_groups(lr, muon_lr), lr=muon_lr, weight_decay=hp.weight_decay,
+                             betas=tuple(hp.betas))
+        else:
+            fused = self.device.type == "cuda"
+            optimizer = create_optimizer_v2(self.model, "adamw", lr=lr, weight_decay=hp.weight_decay,
+                                            betas=tuple(hp.betas), **({"fused": True} if fused else {}))
         scheduler = CosineLRScheduler(optimizer, t_initial=max(self._decay, 1), lr_min=hp.min_lr,
                                       warmup_t=warmup, warmup_lr_init=lr * 1e-3 if warmup else lr,
                                       warmup_prefix=True, t_in_epochs=False)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def param_groups(self, lr: float, muon_lr: float) -> list[dict]:
+        """Muon for the 2-D weights of the blocks; AdamW (timm's Muon fallback) for E and the head with
+        weight decay, and for the no-decay set (norms, biases, E_pos, [cls]) without."""
+        no_decay = self.model.no_weight_decay()
+        muon, decay, rest = [], [], []
+        for name, p in self.model.named_parameters():
+            if name.startswith("blocks.") and p.ndim == 2:
+                muon.append(p)
+            else:
+                (rest if name in no_decay else decay).append(p)
+        wd = self.hparams.weight_decay
+        return [{"params": muon, "lr": muon_lr, "weight_decay": wd},
+                {"params": decay, "lr": lr, "weight_decay": wd, "use_fallback": True},
+                {"params": rest, "lr": lr, "weight_decay": 0.0, "use_fallback": True}]
 
     def lr_scheduler_step(self, scheduler, metric):
         scheduler.step_update(num_updates=self._schedule_position())  # timm schedulers step by update count
@@ -221,10 +269,11 @@ class ViTClassifier(L.LightningModule):
     def configure_callbacks(self):
         from lightning.pytorch.callbacks import LearningRateMonitor
 
-        from vit.callbacks import EpochSeed, StopOnNonFinite
+        from vit.callbacks import EpochSeed, StopOnSignal, StopOnNonFinite
 
-        guard = StopOnNonFinite(every_n_steps=self.trainer.log_every_n_steps)
-        return [EpochSeed(), guard] + ([LearningRateMonitor("step")] if self.trainer.loggers else [])
+        every = self.trainer.log_every_n_steps  # the host looks at the device's flags this often
+        return [EpochSeed(), StopOnNonFinite(every), StopOnSignal(every)] + \
+            ([LearningRateMonitor("step")] if self.trainer.loggers else [])
 
     # --- weights that are not ours, and what a checkpoint carries ------------------------------
     def setup(self, stage: str) -> None:
@@ -237,6 +286,8 @@ class ViTClassifier(L.LightningModule):
         if stage == "fit":  # never when a checkpoint is merely loaded for inference or test
             if self.hparams.pretrained and self.trainer.ckpt_path is None:
                 load_pretrained(self.model, self.hparams.pretrained)
+                if self.ema is not None:
+                    self.ema.set(self.model)
             if self.hparams.compile:
                 self.model.compile()
 

@@ -147,6 +147,6 @@ def write(run_dir: Path, module, test_set) -> list[Path]:
         chosen = pick_examples(probs, labels)
         images = torch.stack([test_set[i][0] for i in chosen])
         with torch.inference_mode(False):
-            _, rollouts = explain(module.model, module.normalize(images.to(module.device)))
+            _, rollouts = explain(module.eval_model, module.normalize(images.to(module.device)))
         written.append(examples(images, probs[chosen], labels[chosen], rollouts, names, run_dir / EXAMPLES))
     return written

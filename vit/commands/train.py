@@ -5,7 +5,9 @@
 
 A recipe is a name (see --help for the list) or a YAML path; recipes are deltas over the default one.
 Exit status: 0 done; 2 a bad configuration value, missing or malformed data, an unusable checkpoint;
-3 training diverged (non-finite loss or gradients). Anything else is a bug: 1 with a traceback.
+3 training diverged (non-finite loss or gradients); 4 preempted on SLURM (SIGUSR1: the job is requeued
+and resumes); 5 the processes of a multi-process run lost each other (a collective timed out or a
+process died: see --ddp_timeout). Anything else is a bug: 1 with a traceback.
 """
 
 from __future__ import annotations
@@ -15,17 +17,20 @@ import os
 import re
 import sys
 import warnings
+from datetime import timedelta
 from pathlib import Path
 
 import lightning as L
 from jsonargparse import ActionConfigFile, ArgumentError, Namespace
+from jsonargparse.typing import PositiveInt
 from lightning.pytorch.cli import LightningCLI
-from lightning.pytorch.plugins.environments import LightningEnvironment
+from lightning.pytorch.callbacks import ProgressBar as LightningProgressBar
+from lightning.pytorch.plugins.environments import LightningEnvironment, SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from vit import configs, runs
-from vit.callbacks import LogConfig, TrainingDiverged
+from vit.callbacks import LogConfig, Preempted, ProgressBar, TrainingDiverged
 from vit.checkpoints import CheckpointError, read_checkpoint
 from vit.data import DatasetError
 from vit.loggers import WandbLogger
@@ -38,6 +43,7 @@ warnings.filterwarnings("ignore", message=r".*`isinstance\(treespec, LeafSpec\)`
 warnings.filterwarnings("ignore", message=r".*pkg_resources is deprecated", category=UserWarning)
 warnings.filterwarnings("ignore", message=r".*when using `ckpt_path`, callbacks used to create the checkpoint")
 warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty", module="lightning")  # a resume
+warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system but is not used")  # a login node
 warnings.filterwarnings("ignore", message=r"Encountered `nan` values in tensor", module="torchmetrics")  # exit 3 says it
 
 
@@ -98,6 +104,9 @@ class ViTCLI(LightningCLI):
                                  "with --ckpt_path last, the run to resume")
         parser.add_argument("--test_after_fit", type=bool, default=True,
                             help="test the best checkpoint on the test set when fit ends")
+        parser.add_argument("--ddp_timeout", type=PositiveInt, default=600,
+                            help="seconds a collective of a multi-process run may wait for the other "
+                                 "processes before the run ends with exit 5 (a dead or desynchronised process)")
         parser.link_arguments("model.arch.image_size", "data.init_args.image_size")
         parser.link_arguments("data.num_classes", "model.arch.num_classes", apply_on="instantiate")
 
@@ -127,8 +136,47 @@ class ViTCLI(LightningCLI):
                 self.check_resumable(ckpt)
                 self.resume = (ckpt_path, ckpt)
             rank_zero_info(note or f"run folder: {run}")
+            self.take_allocation(cfg.trainer)
         os.environ[runs.ENV] = str(run)  # the processes Lightning's DDP launcher starts use this folder too
         self.place_outputs(cfg, run)
+
+    @staticmethod
+    def take_allocation(trainer: Namespace) -> None:
+        """Under SLURM or torchrun the processes exist already: devices and nodes are the allocation's,
+        whatever the recipe says (one line says what it overrode)."""
+        allocated = runs.allocation()
+        if allocated is None:
+            return
+        devices, nodes = allocated
+        overridden = [f"{key} {getattr(trainer, key)}" for key, value in (("devices", devices), ("num_nodes", nodes))
+                      if str(getattr(trainer, key)) != str(value)]
+        trainer.devices, trainer.num_nodes = devices, nodes
+        if devices * nodes > 1 and trainer.strategy == "auto":
+            trainer.strategy = "ddp"
+        launcher = f"SLURM job {runs.slurm_job()}" if runs.slurm_job() else f"torchrun {runs.torchrun_id()}"
+        rank_zero_info(f"{launcher}: {devices} process(es) per node on {nodes} node(s)"
+                       + (f" (the allocation's; the recipe's {' and '.join(overridden)} overridden)" if overridden else ""))
+
+    def _instantiate_trainer(self, config: dict, callbacks: list) -> L.Trainer:
+        """The Trainer as configured, plus: DDP with the --ddp_timeout on its process group; under SLURM,
+        preemption handled by vit.callbacks.RequeueOnSignal (Lightning's handler deadlocks DDP, so it is
+        off); vit.callbacks.ProgressBar unless a bar is configured or the bar is off."""
+        devices, nodes = config.get("devices", "auto"), config.get("num_nodes", 1)
+        count = devices if isinstance(devices, int) else len(devices) if isinstance(devices, list) else \
+            int(devices) if str(devices).isdigit() else 1
+        strategy = config.get("strategy", "auto")
+        if strategy == "ddp" or (strategy == "auto" and count * nodes > 1):
+            from lightning.pytorch.strategies import DDPStrategy
+
+            config["strategy"] = DDPStrategy(timeout=timedelta(seconds=self.config.ddp_timeout))
+        if runs.slurm_job():
+            plugins = config.get("plugins") or []
+            config["plugins"] = [*(plugins if isinstance(plugins, list) else [plugins]),
+                                 SLURMEnvironment(auto_requeue=False)]
+        bars = [c for c in [*(config.get("callbacks") or []), *callbacks] if isinstance(c, LightningProgressBar)]
+        if config.get("enable_progress_bar") is not False and not bars:
+            callbacks = [*callbacks, ProgressBar()]
+        return super()._instantiate_trainer(config, callbacks)
 
     def check_resumable(self, ckpt: dict) -> None:
         """A checkpoint whose model does not fit the command line: one line naming the differences."""
@@ -186,7 +234,8 @@ class ViTCLI(LightningCLI):
         quiet.setLevel(logging.WARNING)  # the device lines and restoring messages, said once already
         tester = L.Trainer(accelerator=trainer.accelerator, devices=1, num_nodes=1, logger=trainer.loggers,
                            precision=trainer.precision_plugin.precision, plugins=[LightningEnvironment()],
-                           callbacks=[], enable_checkpointing=False, default_root_dir=trainer.default_root_dir,
+                           callbacks=[ProgressBar()] if trainer.progress_bar_callback else [],
+                           enable_checkpointing=False, default_root_dir=trainer.default_root_dir,
                            enable_progress_bar=trainer.progress_bar_callback is not None)
         try:
             (metrics,) = tester.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt, verbose=False)
@@ -221,6 +270,19 @@ def condense(message: str) -> str:
                   r'Parser key "\1.\2"', line)
 
 
+def first_line(e: BaseException) -> str:
+    return next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+
+
+def lost_contact(e: RuntimeError) -> bool:
+    """A collective that timed out or whose peer went away (gloo and NCCL say it in these words)."""
+    import torch.distributed as dist
+
+    text = str(e).lower()
+    return isinstance(e, dist.DistError) or any(w in text for w in ("timed out", "timeout", "connection closed by peer",
+                                                                    "connection reset by peer", "broken pipe"))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     mode = argv.pop(0) if argv and argv[0] in MODES else "fit"
@@ -237,13 +299,24 @@ def main(argv: list[str] | None = None) -> int:
         code, message = 2, condense(str(e))
     except TrainingDiverged as e:
         code, message = 3, str(e)
+    except Preempted as e:
+        code, message = 4, str(e)
+    except RuntimeError as e:
+        if not lost_contact(e):
+            raise
+        rank = rank_zero_only.rank  # every process says it: the one that failed may not be rank 0
+        print(f"error: process {rank}: lost the other processes of this run ({first_line(e)}). One of them died "
+              f"(see its own error above) or they issued different collectives; the run stopped instead of "
+              f"waiting. Resume with --ckpt_path last; allow slower collectives with --ddp_timeout.",
+              file=sys.stderr)
+        return 5
     else:
         return 0
     finally:
         if not inherited:
             os.environ.pop(runs.ENV, None)
     if rank_zero_only.rank == 0:  # under DDP every process fails alike: say it once
-        print(f"error: {message}", file=sys.stderr)
+        print(f"{'stopped' if code == 4 else 'error'}: {message}", file=sys.stderr)
     for run in claimed:
         if run.is_dir() and not any(run.iterdir()):
             run.rmdir()  # a run that never started leaves no empty folder behind

@@ -1,0 +1,120 @@
+"""Several processes without a scheduler: Lightning's DDP with the settings a user gets (progress bar on,
+in a terminal; W&B on), a process that stops answering, and torchrun across two "nodes" on 127.0.0.1."""
+
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from launch import DATA_ARGS, ROOT, TEST_LINE, in_terminal, load, user_env
+
+TRAIN = [str(ROOT / "scripts" / "train.py"), "--config", "smoke", *DATA_ARGS]
+
+
+def single_process_accuracy(ckpt: dict, data: Path, val_size: int) -> float:
+    from vit.data import CIFAR10DataModule
+    from vit.module import ViTClassifier
+
+    model = ViTClassifier(**{k: v for k, v in ckpt["hyper_parameters"].items() if not k.startswith("_")})
+    model.load_state_dict(ckpt["state_dict"])
+    dm = CIFAR10DataModule(root=str(data), val_size=val_size, num_workers=0, batch_size=50)
+    dm.setup("fit")
+    assert len(dm.val_set) == val_size
+    model.eval()
+    with torch.no_grad():
+        correct = sum((model(x).argmax(-1) == y).sum().item() for x, y in dm.val_dataloader())
+    return correct / val_size
+
+
+def best_val_acc(ckpt: dict) -> float:
+    (score,) = [cb["best_model_score"].item() for cb in ckpt["callbacks"].values() if cb.get("monitor") == "val/acc"]
+    return score
+
+
+def test_ddp_with_the_defaults_a_user_gets(tmp_path, fake_cifar_session):
+    """2 processes (gloo), base.yaml's callbacks and loggers, tqdm's bar on a terminal, W&B offline. Each of
+    the 101 validation images counts once (2 ranks: 51 + 50, no padding), as one process counts them."""
+    cmd = [sys.executable, *TRAIN, "--data.root", str(fake_cifar_session), "--trainer.devices", "2",
+           "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu", "--trainer.max_epochs", "2"]
+    code, out, seconds = in_terminal(cmd, tmp_path, user_env(), timeout=300)
+    print(f"DDP with the defaults: {seconds:.1f} s")
+    assert code is not None, f"hung: killed after {seconds:.0f} s\n{out[-3000:]}"
+    assert code == 0, out[-3000:]
+    assert "Epoch 1: 100%" in out and "Validation DataLoader 0: 100%" in out  # tqdm's bars were on
+    run = tmp_path / "runs" / "smoke" / "version_0"
+    assert [p.name for p in run.parent.iterdir()] == ["version_0"]  # both processes wrote into one folder
+    (best,) = (run / "checkpoints").glob("best-*.ckpt")
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == sorted([best.name, "last.ckpt"])
+    assert len(list((run / "wandb").glob("offline-run-*"))) == 1
+    assert len(re.findall(TEST_LINE, out)) == 1
+    assert "sync_dist=True" not in out and "Traceback" not in out
+    ckpt = load(best)
+    ddp = best_val_acc(ckpt)
+    assert round(ddp * 101, 4) == round(ddp * 101)  # a count of the 101 images, not of 102 with a repeat
+    assert single_process_accuracy(ckpt, fake_cifar_session, 101) == pytest.approx(ddp, abs=1e-6)
+
+
+def test_a_stuck_process_ends_the_run_with_a_message_not_a_hang(tmp_path, fake_cifar_session):
+    """Rank 1 stops answering after epoch 0; rank 0's next collective gives up after --ddp_timeout."""
+    log = tmp_path / "out.txt"
+    cmd = [sys.executable, *TRAIN, "--data.root", str(fake_cifar_session), "--trainer.devices", "2",
+           "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu", "--trainer.max_epochs", "3",
+           "--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--ddp_timeout", "5",
+           "--trainer.callbacks+=callbacks.StallRank", "--trainer.callbacks.seconds", "25"]
+    with open(log, "w") as f:
+        start = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=user_env(), stdout=f, stderr=subprocess.STDOUT)
+        try:
+            code = proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail(f"rank 0 still waiting after 120 s:\n{log.read_text()[-3000:]}")
+        seconds = time.monotonic() - start
+    deadline = time.monotonic() + 60  # rank 1 wakes after its 25 s and finds rank 0 gone
+    while log.read_text().count("lost the other processes") < 2 and time.monotonic() < deadline:
+        time.sleep(1)
+    out = log.read_text()
+    print(f"rank 0 ended after {seconds:.1f} s with exit {code}")
+    assert code == 5, out[-3000:]
+    assert "error: process 0: lost the other processes of this run" in out
+    assert "error: process 1: lost the other processes of this run" in out  # and so did rank 1, then
+    assert seconds < 60
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_torchrun_across_two_nodes_gives_one_run(tmp_path, fake_cifar_session):
+    """README's torchrun line, two "nodes" of one process on 127.0.0.1: one run folder, one W&B run,
+    checkpoints written once, the test line once; nodes and devices from torchrun."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    port = free_port()
+    procs = [subprocess.Popen([str(torchrun), "--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "1",
+                               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "pair",
+                               *TRAIN, "--data.root", str(fake_cifar_session), "--trainer.max_epochs", "2",
+                               "--trainer.accelerator", "cpu"],
+                              cwd=tmp_path, env=user_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2000:] for o in outs)
+    out = "".join(outs)
+    run = tmp_path / "runs" / "smoke" / "torchrun-pair"
+    assert [p.name for p in run.parent.iterdir()] == ["torchrun-pair"]
+    assert "torchrun pair: 1 process(es) per node on 2 node(s) (the allocation's; the recipe's num_nodes 1 " \
+           "overridden)" in out
+    (best,) = (run / "checkpoints").glob("best-*.ckpt")
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == sorted([best.name, "last.ckpt"])
+    assert len(list((run / "wandb").glob("offline-run-*"))) == 1
+    assert len(re.findall(TEST_LINE, out)) == 1

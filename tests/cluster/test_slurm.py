@@ -1,0 +1,93 @@
+"""The project's own scripts/slurm/train.sbatch, submitted for real to SLURM (a one-node cluster on this
+machine: scripts/slurm/local_cluster.sh), from a fresh clone, on small generated data, CPU only."""
+
+import re
+
+import pytest
+
+from launch import DATA_ARGS, TEST_LINE, load, log, max_abs_diff, sbatch, user_env, wait
+
+SMOKE = ["--config", "smoke", *DATA_ARGS]
+
+
+def data(fake_cifar_session) -> list[str]:
+    return ["--data.root", str(fake_cifar_session)]
+
+
+def digest(folder):
+    import hashlib
+
+    return {p.relative_to(folder): hashlib.md5(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_a_fresh_clone_submits_and_completes_with_a_readable_log(clone, fake_cifar_session):
+    """No .venv, no runs/, no folder for the log: the job installs, trains on 2 tasks (the smoke recipe
+    says devices: 1; the allocation wins), tests once, and its log is plain lines."""
+    assert not (clone / ".venv").exists() and not (clone / "runs").exists()
+    job_id = sbatch(clone, *SMOKE, *data(fake_cifar_session), "--trainer.max_epochs", "2")
+    record = wait(job_id, clone, timeout=900)
+    out = log(clone, job_id)
+    assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", out[-3000:]
+    run = clone / "runs" / "smoke" / f"slurm-{job_id}"
+    assert [p.name for p in (clone / "runs" / "smoke").iterdir()] == [run.name]
+    assert f"SLURM job {job_id}: 2 process(es) per node on 1 node(s) (the allocation's; the recipe's devices 1 " \
+           "overridden)" in out
+    (best,) = (run / "checkpoints").glob("best-*.ckpt")
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == sorted([best.name, "last.ckpt"])
+    assert len(list((run / "wandb").glob("offline-run-*"))) == 1
+    assert len(re.findall(TEST_LINE, out)) == 1
+    assert "\r" not in out, "a progress bar wrote carriage returns into the log"
+    assert re.search(r"\] epoch 1 validation: val/loss [\d.]+ val/acc [\d.]+", out)
+    assert "Traceback" not in out and "sync_dist=True" not in out
+
+
+def test_a_one_task_job_has_its_own_run_and_resumes_another_only_when_named(clone, fake_cifar_session):
+    args = [*SMOKE, *data(fake_cifar_session)]
+    first = sbatch(clone, *args, "--trainer.max_epochs", "1", tasks=1)
+    assert wait(first, clone)["JobState"] == "COMPLETED", log(clone, first)[-3000:]
+    first_run = clone / "runs" / "smoke" / f"slurm-{first}"
+    before = digest(first_run)
+    second = sbatch(clone, *args, "--trainer.max_epochs", "2", tasks=1)  # the script says --ckpt_path last
+    assert wait(second, clone)["JobState"] == "COMPLETED", log(clone, second)[-3000:]
+    assert f"run folder: runs/smoke/slurm-{second}" in log(clone, second)
+    assert load(clone / "runs" / "smoke" / f"slurm-{second}" / "checkpoints" / "last.ckpt")["epoch"] == 1
+    assert digest(first_run) == before  # the other job's run, untouched
+    named = sbatch(clone, *args, "--trainer.max_epochs", "2", "--run", f"slurm-{first}", tasks=1)
+    assert wait(named, clone)["JobState"] == "COMPLETED", log(clone, named)[-3000:]
+    assert f"resuming runs/smoke/slurm-{first} from its last.ckpt" in log(clone, named)
+    assert load(first_run / "checkpoints" / "last.ckpt")["epoch"] == 1
+    assert not (clone / "runs" / "smoke" / f"slurm-{named}").exists()
+
+
+def test_sigusr1_requeues_the_job_which_resumes_to_the_uninterrupted_weights(clone, fake_cifar_session):
+    """What `#SBATCH --signal=SIGUSR1@90` does before a time limit, sent in the second epoch."""
+    import time
+
+    args = [*SMOKE, *data(fake_cifar_session), "--trainer.max_epochs", "3", "--trainer.log_every_n_steps", "1",
+            "--trainer.callbacks+=callbacks.SlowSteps", "--trainer.callbacks.seconds", "0.5"]
+    whole = sbatch(clone, *args)
+    assert wait(whole, clone)["JobState"] == "COMPLETED", log(clone, whole)[-3000:]
+    job_id = sbatch(clone, *args)
+    run = clone / "runs" / "smoke" / f"slurm-{job_id}"
+    deadline = time.monotonic() + 600
+    while not (run / "checkpoints" / "last.ckpt").exists():  # epoch 0 done: the signal lands in epoch 1
+        assert time.monotonic() < deadline, log(clone, job_id)[-3000:]
+        time.sleep(0.5)
+    time.sleep(1.0)
+    import subprocess
+
+    subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
+    record = wait(job_id, clone)
+    out = log(clone, job_id)
+    assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", out[-4000:]
+    assert re.search(rf"stopped: SLURM job {job_id} got SIGUSR1 .*: stopped at step \d+, in epoch 1\. Requeued", out)
+    assert f"requeueing job {job_id}" in out and f"job {job_id} (restart 1)" in out
+    assert f"resuming runs/smoke/slurm-{job_id} from its last.ckpt" in out
+    assert "Traceback" not in out
+    ours, theirs = load(run / "checkpoints" / "last.ckpt"), load(clone / "runs/smoke" / f"slurm-{whole}/checkpoints/last.ckpt")
+    assert ours["epoch"] == theirs["epoch"] == 2 and ours["global_step"] == theirs["global_step"] == 12
+    delta = max_abs_diff(ours["state_dict"], theirs["state_dict"])
+    print(f"job {job_id} requeued once; max |dw| against job {whole}: {delta}")
+    assert delta == 0
+    wandb_runs = sorted((run / "wandb").glob("offline-run-*"))
+    assert len(wandb_runs) == 2 and len({r.name.rsplit("-", 1)[1] for r in wandb_runs}) == 1  # one W&B run

@@ -1,0 +1,73 @@
+"""What a launcher (SLURM, torchrun) decides, in this process: the run folder and the allocation."""
+
+import pytest
+
+from vit import configs, runs
+
+SLURM_JOB = {"SLURM_JOB_ID": "77", "SLURM_NTASKS": "4", "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS_PER_NODE": "2",
+             "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_JOB_NAME": "vit-cifar10",
+             "SLURM_NODELIST": "vm", "SLURM_CPUS_ON_NODE": "2"}
+LAUNCH_VARS = [*SLURM_JOB, "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE",
+               "GROUP_RANK", "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", runs.ENV]
+
+
+@pytest.fixture
+def no_launcher(monkeypatch):
+    for key in LAUNCH_VARS:  # set first, so that whatever the test sets (VIT_RUN_DIR too) is undone after it
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
+    return monkeypatch
+
+
+def test_every_slurm_job_has_its_own_run_name_even_with_one_task(no_launcher):
+    no_launcher.setenv("SLURM_JOB_ID", "5")
+    no_launcher.setenv("SLURM_NTASKS", "1")
+    no_launcher.setenv("SLURM_JOB_NAME", "vit-cifar10")
+    assert runs.launch_name() == "slurm-5" and runs.allocation() == (1, 1)
+    no_launcher.setenv("SLURM_JOB_NAME", "interactive")  # an salloc shell: not a batch job's task
+    assert runs.launch_name() is None and runs.allocation() is None
+    no_launcher.setenv("SLURM_JOB_NAME", "vit-cifar10")
+    no_launcher.setenv("SLURM_ARRAY_JOB_ID", "9")
+    no_launcher.setenv("SLURM_ARRAY_TASK_ID", "3")
+    assert runs.launch_name() == "slurm-9_3"
+
+
+def test_a_one_task_job_resumes_only_its_own_run(no_launcher, tmp_path):
+    other = tmp_path / "version_0" / "checkpoints"
+    other.mkdir(parents=True)
+    (other / "last.ckpt").write_bytes(b"another run's")
+    no_launcher.setenv("SLURM_JOB_ID", "6")
+    no_launcher.setenv("SLURM_NTASKS", "1")
+    run, ckpt, _ = runs.resolve(tmp_path, "last", None)
+    assert run == tmp_path / "slurm-6" and ckpt is None  # not version_0's last.ckpt
+    run, ckpt, _ = runs.resolve(tmp_path, "last", "version_0")  # unless the user names it
+    assert run == tmp_path / "version_0" and ckpt == other / "last.ckpt"
+
+
+def test_torchrun_names_the_run_and_gives_the_allocation(no_launcher):
+    for key, value in {"TORCHELASTIC_RUN_ID": "pair", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1",
+                       "WORLD_SIZE": "8"}.items():
+        no_launcher.setenv(key, value)
+    assert runs.launch_name() == "torchrun-pair" and runs.allocation() == (4, 2)
+
+
+@pytest.mark.parametrize("recipe", configs.names())
+def test_every_recipe_takes_devices_and_nodes_from_the_slurm_allocation(recipe, no_launcher, tmp_path):
+    """A 2-node × 2-task job: whatever the recipe says (smoke and cpu: devices 1), the Trainer gets 2 × 2,
+    DDP with --ddp_timeout, and Lightning's own SLURM requeue handler off (vit.callbacks.StopOnSignal)."""
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from vit.commands.train import ViTCLI
+
+    for key, value in SLURM_JOB.items():
+        no_launcher.setenv(key, value)
+    cli = ViTCLI("fit", ["--config", recipe, "--data.root", str(tmp_path / "data"), "--trainer.logger", "false",
+                         "--trainer.default_root_dir", str(tmp_path / "runs"), "--ddp_timeout", "42",
+                         "--trainer.accelerator", "cpu"], [])
+    trainer = cli.trainer
+    assert (trainer.num_devices, trainer.num_nodes, trainer.world_size) == (2, 2, 4)
+    assert isinstance(trainer.strategy, DDPStrategy) and trainer.strategy._timeout.total_seconds() == 42
+    environment = trainer.strategy.cluster_environment
+    assert isinstance(environment, SLURMEnvironment) and not environment.auto_requeue
+    assert (tmp_path / "runs" / "slurm-77").is_dir()  # (the line it prints: tests/cluster/test_slurm.py)

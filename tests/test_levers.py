@@ -1,0 +1,83 @@
+"""Accuracy-per-FLOP options of the recipe (issue 17): Muon for the blocks' matrices, token dropping
+(timm's PatchDropout), an EMA of the weights (timm's ModelEmaV3). One set of runs with all of them on:
+each trains, resumes bit-exact, and the EMA weights are the ones tested, classified and exported."""
+
+import re
+
+import pytest
+import torch
+
+from test_train import TEST_LINE, load, train
+
+LEVERS = ["--model.optimizer", "muon", "--model.ema_decay", "0.9", "--model.arch.patch_drop", "0.25",
+          "--trainer.max_epochs", "2", "--trainer.logger", "false", "--data.num_workers", "0"]
+
+
+@pytest.fixture(scope="module")
+def lever_runs(tmp_path_factory, fake_cifar_session):
+    full, part = tmp_path_factory.mktemp("full"), tmp_path_factory.mktemp("part")
+    whole = train(full, fake_cifar_session, *LEVERS)
+    first = train(part, fake_cifar_session, *LEVERS, "--test_after_fit", "false",
+                  "--trainer.callbacks+=callbacks.StopAfterEpoch", "--trainer.callbacks.epoch", "0")
+    resumed = train(part, fake_cifar_session, *LEVERS, "--test_after_fit", "false", "--ckpt_path", "last")
+    return full, part, whole, first, resumed
+
+
+def test_the_levers_train_and_resume_bit_exact(lever_runs):
+    full, part, whole, first, resumed = lever_runs
+    for proc in (whole, first, resumed):
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    a = load(full / "runs/smoke/version_0/checkpoints/last.ckpt")
+    b = load(part / "runs/smoke/version_0/checkpoints/last.ckpt")
+    assert a["global_step"] == b["global_step"] == 16
+    assert any(k.startswith("ema.module.") for k in a["state_dict"])  # the EMA and the raw weights, both kept
+    for key, value in a["state_dict"].items():
+        torch.testing.assert_close(b["state_dict"][key], value, rtol=0, atol=0, msg=key)
+    (state,) = a["optimizer_states"]
+    assert [g.get("use_fallback", False) for g in state["param_groups"]] == [False, True, True]  # Muon, AdamW ×2
+
+
+def test_the_ema_weights_are_tested_classified_and_exported(lever_runs, fake_cifar_session, tmp_path):
+    from vit.data import CIFAR10DataModule
+    from vit.inference import load_classifier
+    from vit.module import ViTClassifier
+
+    full, _, whole, _, _ = lever_runs
+    (best,) = (full / "runs/smoke/version_0/checkpoints").glob("best-*.ckpt")
+    ckpt = load(best)
+    ema = {k.removeprefix("ema.module."): v for k, v in ckpt["state_dict"].items() if k.startswith("ema.module.")}
+    raw = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    assert ema.keys() == raw.keys() and any(not torch.equal(ema[k], raw[k]) for k in ema)
+
+    classifier = load_classifier(best)  # what classify and export read
+    for key, value in classifier.model.state_dict().items():
+        assert torch.equal(value, ema[key]), key
+
+    model = ViTClassifier(**{k: v for k, v in ckpt["hyper_parameters"].items() if not k.startswith("_")})
+    model.load_state_dict(ckpt["state_dict"])
+    dm = CIFAR10DataModule(root=str(fake_cifar_session), val_size=100, num_workers=0, batch_size=50)
+    dm.setup("test")
+    model.eval()
+    with torch.no_grad():
+        accuracy = {name: sum((net(model.normalize(x)).argmax(-1) == y).sum().item()
+                              for x, y in dm.test_dataloader()) / len(dm.test_set)
+                    for name, net in (("ema", model.ema.module), ("raw", model.model))}
+    tested = float(re.search(TEST_LINE, whole.stderr).group(3))
+    assert tested == pytest.approx(100 * accuracy["ema"], abs=0.005)
+
+
+def test_muon_takes_exactly_the_blocks_matrices():
+    from vit.model import ViTConfig
+    from vit.module import ViTClassifier
+
+    module = ViTClassifier(arch=ViTConfig(dim=32, depth=3, heads=2), optimizer="muon")
+    muon, decay, rest = module.param_groups(1e-3, 0.02)
+    names = {id(p): n for n, p in module.model.named_parameters()}
+    under_muon = sorted(names[id(p)] for p in muon["params"])
+    expected = sorted(f"blocks.{i}.{w}" for i in range(3)
+                      for w in ("attn.qkv.weight", "attn.out_proj.weight", "mlp.fc1.weight", "mlp.fc2.weight"))
+    assert under_muon == expected
+    assert sorted(names[id(p)] for p in decay["params"]) == ["head.weight", "patch_embedding.proj.weight"]
+    assert {names[id(p)] for p in rest["params"]} == module.model.no_weight_decay()
+    assert rest["weight_decay"] == 0 and decay["use_fallback"] and rest["use_fallback"]
+    assert len(muon["params"]) + len(decay["params"]) + len(rest["params"]) == len(list(module.model.parameters()))
