@@ -238,9 +238,10 @@ class LogConfig(SaveConfigCallback):
 
 
 class ProgressBar(TQDMProgressBar):
-    """Lightning's TQDM bar in a terminal; anywhere else (a SLURM output file, a pipe) one plain line
-    every ``every_n_steps`` training steps and one per validation, since the bar's carriage returns
-    flood log files (Lightning #6647).
+    """Lightning's TQDM bar in a terminal; anywhere else (a SLURM output file, a pipe) the bars are off,
+    as Lightning turns them off on ranks > 0, and rank zero prints one plain line every
+    ``every_n_steps`` training steps and one per validation instead: a bar's carriage returns flood log
+    files (Lightning #6647).
 
     Either way it shows the values every process has already computed and never computes a metric
     itself: at an epoch's end that would be a synced metric's all-gather on rank zero alone, while the
@@ -255,7 +256,9 @@ class ProgressBar(TQDMProgressBar):
             terminal: force the bar (True) or the lines (False); default: whether stderr is a terminal.
         """
         super().__init__(refresh_rate=refresh_rate)
-        self.terminal = sys.stderr.isatty() if terminal is None else terminal
+        self.lines = not (sys.stderr.isatty() if terminal is None else terminal)
+        if self.lines:
+            self.disable()
         self.every_n_steps = every_n_steps
         self._started = time.perf_counter()
 
@@ -271,34 +274,20 @@ class ProgressBar(TQDMProgressBar):
 
     def on_train_start(self, trainer, pl_module):
         self._started = time.perf_counter()
-        if self.terminal:
-            super().on_train_start(trainer, pl_module)
+        super().on_train_start(trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if self.terminal:
-            return super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         every = self.every_n_steps or trainer.log_every_n_steps
-        if trainer.is_global_zero and (batch_idx + 1) % every == 0:
+        if self.lines and trainer.is_global_zero and (batch_idx + 1) % every == 0:
             total = self.total_train_batches
             of = f"/{total}" if isinstance(total, int) else ""
             self._line(trainer, f"epoch {trainer.current_epoch} batch {batch_idx + 1}{of} step {trainer.global_step}:", "train/")
 
     def on_validation_end(self, trainer, pl_module):
-        if self.terminal:
-            return super().on_validation_end(trainer, pl_module)
-        if trainer.is_global_zero and not trainer.sanity_checking:
+        super().on_validation_end(trainer, pl_module)
+        if self.lines and trainer.is_global_zero and not trainer.sanity_checking:
             self._line(trainer, f"epoch {trainer.current_epoch} validation:", "val/")
-
-
-# Every other hook of the bar draws or closes a tqdm bar: without a terminal there is none.
-for _hook in ("on_sanity_check_start", "on_sanity_check_end", "on_train_epoch_start", "on_train_epoch_end",
-              "on_train_end", "on_validation_start", "on_validation_batch_start", "on_validation_batch_end",
-              "on_test_start", "on_test_batch_start", "on_test_batch_end", "on_test_end", "on_predict_start",
-              "on_predict_batch_start", "on_predict_batch_end", "on_predict_end"):
-    def _only_in_a_terminal(self, *args, _hook=_hook, **kwargs):
-        if self.terminal:
-            return getattr(TQDMProgressBar, _hook)(self, *args, **kwargs)
-    setattr(ProgressBar, _hook, _only_in_a_terminal)
 
 
 class StopOnSignal(L.Callback):

@@ -72,11 +72,11 @@ def torchrun_id() -> str | None:
 def launch_name() -> str | None:
     """The shared name of a run whose processes an external launcher started: every SLURM job has its
     own (one task or many), so a job never resumes or writes into another job's run."""
-    env = os.environ
-    if slurm_job():
-        return f"slurm-{slurm_job()}"
-    if torchrun_id():
-        return f"torchrun-{torchrun_id()}"
+    env, job, rdzv = os.environ, slurm_job(), torchrun_id()
+    if job:
+        return f"slurm-{job}"
+    if rdzv:
+        return f"torchrun-{rdzv}"
     if int(env.get("WORLD_SIZE", 1)) > 1:
         return f"launch-{env.get('MASTER_ADDR', 'localhost')}-{env.get('MASTER_PORT', 0)}"
     return None

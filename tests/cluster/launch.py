@@ -11,17 +11,13 @@ import select
 import shutil
 import struct
 import subprocess
-import sys
 import termios
 import time
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
 DATA_ARGS = ["--data.val_size", "101", "--data.num_workers", "0", "--data.batch_size", "50"]
-TEST_LINE = r"test on (\d+) images with (.*): top-1 ([\d.]+)%, top-5 ([\d.]+)%"
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
          "PREEMPTED"}
 
@@ -105,7 +101,7 @@ def in_terminal(cmd: list[str], cwd: Path, env: dict, timeout: float) -> tuple[i
             if not data:
                 break
             chunks.append(data)
-        elif proc.poll() is not None and not ready:
+        elif proc.poll() is not None:
             break
     try:
         code = proc.wait(timeout=max(1.0, timeout - (time.monotonic() - start)))
@@ -117,14 +113,6 @@ def in_terminal(cmd: list[str], cwd: Path, env: dict, timeout: float) -> tuple[i
     return code, b"".join(chunks).decode(errors="replace"), time.monotonic() - start
 
 
-def load(path: Path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
 def max_abs_diff(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
-
-
-def python() -> str:
-    return sys.executable

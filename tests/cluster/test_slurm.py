@@ -2,22 +2,19 @@
 machine: scripts/slurm/local_cluster.sh), from a fresh clone, on small generated data, CPU only."""
 
 import re
+import subprocess
+import time
 
 import pytest
 
-from launch import DATA_ARGS, TEST_LINE, load, log, max_abs_diff, sbatch, user_env, wait
+from launch import DATA_ARGS, log, max_abs_diff, sbatch, wait
+from test_train import TEST_LINE, digest, load
 
 SMOKE = ["--config", "smoke", *DATA_ARGS]
 
 
 def data(fake_cifar_session) -> list[str]:
     return ["--data.root", str(fake_cifar_session)]
-
-
-def digest(folder):
-    import hashlib
-
-    return {p.relative_to(folder): hashlib.md5(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()}
 
 
 def test_a_fresh_clone_submits_and_completes_with_a_readable_log(clone, fake_cifar_session):
@@ -61,8 +58,6 @@ def test_a_one_task_job_has_its_own_run_and_resumes_another_only_when_named(clon
 
 def test_sigusr1_requeues_the_job_which_resumes_to_the_uninterrupted_weights(clone, fake_cifar_session):
     """What `#SBATCH --signal=SIGUSR1@90` does before a time limit, sent in the second epoch."""
-    import time
-
     args = [*SMOKE, *data(fake_cifar_session), "--trainer.max_epochs", "3", "--trainer.log_every_n_steps", "1",
             "--trainer.callbacks+=callbacks.SlowSteps", "--trainer.callbacks.seconds", "0.5"]
     whole = sbatch(clone, *args)
@@ -74,8 +69,6 @@ def test_sigusr1_requeues_the_job_which_resumes_to_the_uninterrupted_weights(clo
         assert time.monotonic() < deadline, log(clone, job_id)[-3000:]
         time.sleep(0.5)
     time.sleep(1.0)
-    import subprocess
-
     subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
     record = wait(job_id, clone)
     out = log(clone, job_id)
@@ -91,3 +84,18 @@ def test_sigusr1_requeues_the_job_which_resumes_to_the_uninterrupted_weights(clo
     assert delta == 0
     wandb_runs = sorted((run / "wandb").glob("offline-run-*"))
     assert len(wandb_runs) == 2 and len({r.name.rsplit("-", 1)[1] for r in wandb_runs}) == 1  # one W&B run
+
+
+def test_the_local_cluster_script_is_idempotent(slurm):
+    """README's `sudo bash scripts/slurm/local_cluster.sh`, run again on a cluster it started: nothing to
+    restart, the node stays up."""
+    import os
+
+    from launch import ROOT
+
+    if os.geteuid() != 0:
+        pytest.skip("local_cluster.sh installs packages and starts daemons: run as root")
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "slurm" / "local_cluster.sh")], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"local SLURM cluster up: node \S+, \d+ CPUs \(local\* (idle|mixed|allocated)\)", proc.stdout)

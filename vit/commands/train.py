@@ -105,8 +105,9 @@ class ViTCLI(LightningCLI):
         parser.add_argument("--test_after_fit", type=bool, default=True,
                             help="test the best checkpoint on the test set when fit ends")
         parser.add_argument("--ddp_timeout", type=PositiveInt, default=600,
-                            help="seconds a collective of a multi-process run may wait for the other "
-                                 "processes before the run ends with exit 5 (a dead or desynchronised process)")
+                            help="seconds the processes of a multi-process run may wait for each other (at start "
+                                 "and in every collective) before the run ends with exit 5 (a dead or "
+                                 "desynchronised process)")
         parser.link_arguments("model.arch.image_size", "data.init_args.image_size")
         parser.link_arguments("data.num_classes", "model.arch.num_classes", apply_on="instantiate")
 
@@ -153,13 +154,14 @@ class ViTCLI(LightningCLI):
         trainer.devices, trainer.num_nodes = devices, nodes
         if devices * nodes > 1 and trainer.strategy == "auto":
             trainer.strategy = "ddp"
-        launcher = f"SLURM job {runs.slurm_job()}" if runs.slurm_job() else f"torchrun {runs.torchrun_id()}"
+        job = runs.slurm_job()
+        launcher = f"SLURM job {job}" if job else f"torchrun {runs.torchrun_id()}"
         rank_zero_info(f"{launcher}: {devices} process(es) per node on {nodes} node(s)"
                        + (f" (the allocation's; the recipe's {' and '.join(overridden)} overridden)" if overridden else ""))
 
     def _instantiate_trainer(self, config: dict, callbacks: list) -> L.Trainer:
         """The Trainer as configured, plus: DDP with the --ddp_timeout on its process group; under SLURM,
-        preemption handled by vit.callbacks.RequeueOnSignal (Lightning's handler deadlocks DDP, so it is
+        preemption handled by vit.callbacks.StopOnSignal (Lightning's handler deadlocks DDP, so it is
         off); vit.callbacks.ProgressBar unless a bar is configured or the bar is off."""
         devices, nodes = config.get("devices", "auto"), config.get("num_nodes", 1)
         count = devices if isinstance(devices, int) else len(devices) if isinstance(devices, list) else \
@@ -275,12 +277,15 @@ def first_line(e: BaseException) -> str:
 
 
 def lost_contact(e: RuntimeError) -> bool:
-    """A collective that timed out or whose peer went away (gloo and NCCL say it in these words)."""
+    """A rendezvous or collective that timed out, or whose peer went away: torch's DistError, or, once the
+    process group exists, gloo's and NCCL's own words for it."""
     import torch.distributed as dist
 
+    if isinstance(e, dist.DistError):
+        return True
     text = str(e).lower()
-    return isinstance(e, dist.DistError) or any(w in text for w in ("timed out", "timeout", "connection closed by peer",
-                                                                    "connection reset by peer", "broken pipe"))
+    return dist.is_initialized() and any(w in text for w in ("timed out", "connection closed by peer",
+                                                             "connection reset by peer", "broken pipe"))
 
 
 def main(argv: list[str] | None = None) -> int:
