@@ -10,16 +10,17 @@ import torch
 from test_train import TEST_LINE, load, train
 
 LEVERS = ["--model.optimizer", "muon", "--model.ema_decay", "0.9", "--model.arch.patch_drop", "0.25",
-          "--trainer.max_epochs", "2", "--trainer.logger", "false", "--data.num_workers", "0"]
+          "--trainer.max_epochs", "2", "--data.num_workers", "0"]
 
 
 @pytest.fixture(scope="module")
 def lever_runs(tmp_path_factory, fake_cifar_session):
     full, part = tmp_path_factory.mktemp("full"), tmp_path_factory.mktemp("part")
-    whole = train(full, fake_cifar_session, *LEVERS)
-    first = train(part, fake_cifar_session, *LEVERS, "--test_after_fit", "false",
+    whole = train(full, fake_cifar_session, *LEVERS, quiet=False)  # as a user runs it: progress lines, W&B on
+    first = train(part, fake_cifar_session, *LEVERS, "--trainer.logger", "false", "--test_after_fit", "false",
                   "--trainer.callbacks+=callbacks.StopAfterEpoch", "--trainer.callbacks.epoch", "0")
-    resumed = train(part, fake_cifar_session, *LEVERS, "--test_after_fit", "false", "--ckpt_path", "last")
+    resumed = train(part, fake_cifar_session, *LEVERS, "--trainer.logger", "false", "--test_after_fit", "false",
+                    "--ckpt_path", "last")
     return full, part, whole, first, resumed
 
 
@@ -27,6 +28,7 @@ def test_the_levers_train_and_resume_bit_exact(lever_runs):
     full, part, whole, first, resumed = lever_runs
     for proc in (whole, first, resumed):
         assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "epoch 1 validation: val/loss" in whole.stderr and "logging offline" in whole.stderr
     a = load(full / "runs/smoke/version_0/checkpoints/last.ckpt")
     b = load(part / "runs/smoke/version_0/checkpoints/last.ckpt")
     assert a["global_step"] == b["global_step"] == 16

@@ -17,14 +17,15 @@ TESTS = Path(__file__).resolve().parent
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 
 
-def train(cwd: Path, data: Path | None, *extra: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def train(cwd: Path, data: Path | None, *extra: str, timeout: int = 300, quiet: bool = True) -> subprocess.CompletedProcess:
+    """scripts/train.py with the smoke recipe; ``quiet``: progress bar and model summary off."""
     env = {**os.environ, "PYTHONPATH": str(TESTS), "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
     env.pop("WANDB_API_KEY", None)
     env.pop("WANDB_MODE", None)
     data_args = ["--data.root", str(data), "--data.val_size", "100", "--data.num_workers", "0",
                  "--data.batch_size", "50"] if data else []
     mode, extra = (["test"], extra[1:]) if extra[:1] == ("test",) else ([], extra)
-    cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), *mode, "--config", "smoke", *data_args, *QUIET, *extra]
+    cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), *mode, "--config", "smoke", *data_args, *(QUIET if quiet else []), *extra]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
