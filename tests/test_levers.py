@@ -1,16 +1,20 @@
-"""Accuracy-per-FLOP options of the recipe (issue 17): Muon for the blocks' matrices, token dropping
-(timm's PatchDropout), an EMA of the weights (timm's ModelEmaV3). One set of runs with all of them on:
-each trains, resumes bit-exact, and the EMA weights are the ones tested, classified and exported."""
+"""Accuracy-per-FLOP options of the recipe (issue 17): Muon for the blocks' matrices, progressive
+resizing, token dropping (timm's PatchDropout), an EMA of the weights (timm's ModelEmaV3). One set of runs
+with all of them on: each trains, resumes bit-exact (mid-stage, across the resize switches), the EMA
+weights are the ones tested, classified and exported, and the checkpoint classifies at full size."""
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
 
 from test_train import TEST_LINE, load, train
 
+# 16 steps, 8 per epoch: 16 px for steps 0-3, 24 px for 4-11, 32 px for 12-15; the resumed run restarts
+# at step 8, inside the 24-px stage, and crosses the switch to full size
 LEVERS = ["--model.optimizer", "muon", "--model.ema_decay", "0.9", "--model.arch.patch_drop", "0.25",
-          "--trainer.max_epochs", "2", "--data.num_workers", "0"]
+          "--model.resize_stages", "[[16, 0.25], [24, 0.75]]", "--trainer.max_epochs", "2", "--data.num_workers", "0"]
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +39,8 @@ def test_the_levers_train_and_resume_bit_exact(lever_runs):
     assert any(k.startswith("ema.module.") for k in a["state_dict"])  # the EMA and the raw weights, both kept
     for key, value in a["state_dict"].items():
         torch.testing.assert_close(b["state_dict"][key], value, rtol=0, atol=0, msg=key)
+    assert a["vit"]["run_share"] == b["vit"]["run_share"] == 1.0
+    assert a["state_dict"]["model.pos_embedding"].shape == (1, 65, 64)  # full size: 32 px, patch 4
     (state,) = a["optimizer_states"]
     assert [g.get("use_fallback", False) for g in state["param_groups"]] == [False, True, True]  # Muon, AdamW ×2
 
@@ -83,3 +89,48 @@ def test_muon_takes_exactly_the_blocks_matrices():
     assert {names[id(p)] for p in rest["params"]} == module.model.no_weight_decay()
     assert rest["weight_decay"] == 0 and decay["use_fallback"] and rest["use_fallback"]
     assert len(muon["params"]) + len(decay["params"]) + len(rest["params"]) == len(list(module.model.parameters()))
+
+
+def test_the_resize_stages_follow_the_share_of_the_run():
+    from vit.model import ViTConfig
+    from vit.module import ViTClassifier
+
+    module = ViTClassifier(arch=ViTConfig(dim=32, depth=1, heads=2), resize_stages=((16, 0.25), (24, 0.75)))
+    sizes = {}
+    for share in (0.0, 0.24, 0.25, 0.5, 0.75, 1.0):
+        module.run_share = share
+        sizes[share] = module.train_image_size
+    assert sizes == {0.0: 16, 0.24: 16, 0.25: 24, 0.5: 24, 0.75: 32, 1.0: 32}
+    with pytest.raises(ValueError, match="the stages' ends must increase"):
+        ViTClassifier(arch=ViTConfig(dim=32, depth=1, heads=2), resize_stages=((16, 0.5), (24, 0.25)))
+
+
+def test_a_progressive_resizing_checkpoint_classifies_at_full_size(lever_runs, tmp_path):
+    """classify on the run's last checkpoint: a 32-px image and a larger one, both through the full-size
+    model, with the probabilities the in-process 32-px forward gives."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    from test_classify import run
+    from vit.inference import load_classifier
+
+    full = lever_runs[0]
+    last = full / "runs/smoke/version_0/checkpoints/last.ckpt"
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(tmp_path / "small.png")
+    Image.fromarray(rng.integers(0, 256, (96, 80, 3), dtype=np.uint8)).save(tmp_path / "large.png")
+    proc = run("classify.py", "--checkpoint", last, tmp_path / "small.png", tmp_path / "large.png", "--json",
+               "--top-k", "10")
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(proc.stdout)
+    assert [Path(r["image"]).name for r in results] == ["small.png", "large.png"]
+    classifier = load_classifier(last)
+    assert classifier.meta.config.image_size == 32
+    image = torch.from_numpy(np.array(Image.open(tmp_path / "small.png"))).permute(2, 0, 1)[None]
+    with torch.no_grad():
+        expected = classifier.model(classifier.normalize(image)).softmax(-1)[0]
+    names = classifier.meta.class_names
+    for p in results[0]["predictions"]:
+        assert p["probability"] == pytest.approx(expected[names.index(p["label"])].item(), abs=1e-4)

@@ -80,12 +80,12 @@ def test_wrong_input_shape_is_a_clear_error():
         model(torch.randn(2, 1, 32, 32))
 
 
-def _random_timm(cfg, seed):
+def _random_timm(cfg, seed, **timm_args):
     torch.manual_seed(seed)
     timm_model = TimmViT(
         img_size=cfg["image_size"], patch_size=cfg["patch_size"], in_chans=cfg["in_channels"],
         num_classes=cfg["num_classes"], embed_dim=cfg["dim"], depth=cfg["depth"],
-        num_heads=cfg["heads"], mlp_ratio=cfg.get("mlp_ratio", 4.0),
+        num_heads=cfg["heads"], mlp_ratio=cfg.get("mlp_ratio", 4.0), **timm_args,
     ).eval()
     with torch.no_grad():  # timm's init leaves LayerNorms at 1/0 and [cls] near 0: perturb everything
         for p in timm_model.parameters():
@@ -103,6 +103,24 @@ def test_equivalent_to_timm_after_loading_its_weights(cfg):
         expected = timm_model(x)
         torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(model(x, return_attention=True)[0], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_smaller_image_sees_e_pos_resampled_as_timm_does():
+    """Progressive resizing's forward: 16 px through a 32-px model equals timm's dynamic_img_size ViT
+    (E_pos resampled with resample_abs_pos_embed), and the gradient reaches the full-size E_pos."""
+    cfg = CONFIGS[0]
+    timm_model = _random_timm(cfg, seed=2, dynamic_img_size=True)  # pos_embed resampled to the input's grid
+    model = vit.VisionTransformer(vit.ViTConfig(**cfg))
+    vit.load_timm_state_dict(model, timm_model.state_dict())
+    x = torch.randn(3, cfg["in_channels"], 16, 16)
+    logits = model(x)
+    with torch.no_grad():
+        torch.testing.assert_close(logits, timm_model(x), atol=1e-5, rtol=1e-5)
+    logits.sum().backward()
+    assert model.pos_embedding.shape[1] == 1 + (32 // cfg["patch_size"]) ** 2
+    assert model.pos_embedding.grad is not None and model.pos_embedding.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="multiple of the patch size"):
+        model(torch.randn(2, cfg["in_channels"], 18, 18))
 
 
 def test_patch_embedding_matches_the_strided_convolution():

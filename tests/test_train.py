@@ -136,6 +136,8 @@ def test_test_command_evaluates_a_checkpoint_like_the_end_of_fit(smoke_run, fake
     (["--data.batch_size", "1000"], "error: the training set has 400 images, fewer than one batch of 1000: "
                                     "lower --data.batch_size"),
     (["--ckpt_path", "nowhere.ckpt"], "error: nowhere.ckpt: no such checkpoint file"),
+    (["--model.resize_stages", "[[18, 0.5]]"], "error: resize_stages: a stage's image size must be a multiple of "
+                                               "the patch size 4 below the image size 32, got 18"),
     (["--config", "nosuch"], "error: --config nosuch: neither a file nor a recipe name (cpu, finetune_cifar10, smoke, "
                              "vit_cifar10, vit_cifar10_fast, vit_tiny_cifar10)"),
 ])

@@ -205,18 +205,31 @@ class VisionTransformer(nn.Module):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
 
+    def pos_embedding_at(self, rows: int, cols: int) -> torch.Tensor:
+        """E_pos for a grid of rows × cols patches: the parameter itself at the configured grid, else
+        resampled from it (timm's ``resample_abs_pos_embed``, [cls] kept) — what a smaller training
+        image (progressive resizing, vit.module) sees, with its gradient flowing to the full-size E_pos."""
+        grid = self.config.image_size // self.config.patch_size
+        if (rows, cols) == (grid, grid):
+            return self.pos_embedding
+        from timm.layers import resample_abs_pos_embed  # (imported only then: classify stays light)
+
+        return resample_abs_pos_embed(self.pos_embedding, [rows, cols], [grid, grid], num_prefix_tokens=1)
+
     def no_weight_decay(self) -> set[str]:
         """Parameters AdamW must not decay: norms, biases, E_pos and [cls] (timm's convention)."""
         return {n for n, p in self.named_parameters() if p.ndim <= 1} | {"cls_token", "pos_embedding"}
 
     def forward(self, images: torch.Tensor, return_attention: bool = False):
-        expected = (self.config.in_channels, self.config.image_size, self.config.image_size)
-        if images.ndim != 4 or tuple(images.shape[1:]) != expected:
-            raise ValueError(f"expected images of shape B×{'×'.join(map(str, expected))}, "
-                             f"got {tuple(images.shape)}")
+        cfg = self.config
+        p, c = cfg.patch_size, cfg.in_channels
+        if images.ndim != 4 or images.shape[1] != c or images.shape[2] % p or images.shape[3] % p:
+            raise ValueError(f"expected images of shape B×{c}×{cfg.image_size}×{cfg.image_size} (or another "
+                             f"multiple of the patch size {p}), got {tuple(images.shape)}")
         x = self.patch_embedding(images)  # B×N×D
         cls = self.cls_token.expand(x.shape[0], -1, -1)
-        x = self.pos_drop(torch.cat([cls, x], dim=1) + self.pos_embedding)  # z_0 = [x_cls; x_p E] + E_pos
+        pos = self.pos_embedding_at(images.shape[2] // p, images.shape[3] // p)
+        x = self.pos_drop(torch.cat([cls, x], dim=1) + pos)  # z_0 = [x_cls; x_p E] + E_pos
         x = self.patch_drop(x)  # training only: a random subset of the patch tokens, [cls] kept
         attentions = []
         for i, block in enumerate(self.blocks):

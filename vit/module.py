@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Literal
 
 import lightning as L
@@ -20,8 +20,9 @@ from vit.preprocessing import CIFAR10_MEAN, CIFAR10_STD, Metadata, Normalize
 
 class ViTClassifier(L.LightningModule):
     """ViT + the recipe: AdamW, or Muon for the blocks' matrices (no decay on the model's no-decay set),
-    warmup + cosine per step, label smoothing, random erasing and Mixup/CutMix from timm, an EMA of the
-    weights (timm's ModelEmaV3), top-1/top-5 from torchmetrics."""
+    warmup + cosine per step, smaller images early (progressive resizing), label smoothing, random
+    erasing and Mixup/CutMix from timm, an EMA of the weights (timm's ModelEmaV3), top-1/top-5 from
+    torchmetrics."""
 
     def __init__(
         self,
@@ -32,8 +33,9 @@ class ViTClassifier(L.LightningModule):
         weight_decay: NonNegativeFloat = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
         optimizer: Literal["adamw", "muon"] = "adamw",
-        muon_lr: PositiveFloat = 0.02,
+        muon_lr: PositiveFloat | None = None,
         ema_decay: OpenUnitInterval | None = None,
+        resize_stages: tuple[tuple[PositiveInt, OpenUnitInterval], ...] = (),
         warmup_epochs: NonNegativeFloat = 5.0,
         label_smoothing: ClosedUnitInterval = 0.0,
         mixup: NonNegativeFloat = 0.0,
@@ -57,10 +59,20 @@ class ViTClassifier(L.LightningModule):
             optimizer: "adamw" for every weight, or "muon": timm's Muon (orthogonalised momentum) for
                 the 2-D weights of the blocks (QKV, W^o, MLP), AdamW for E, the head, norms, biases,
                 [cls] and E_pos — the split of the CIFAR-10 and nanoGPT speed records.
-            muon_lr: Muon's peak learning rate, for a global batch of lr_batch_size (scaled as lr).
-            ema_decay: keep an exponential moving average of the weights with this decay (timm's
-                ModelEmaV3); validation, test, classify and export then use the EMA weights (the raw
-                ones stay in the checkpoint for resuming). None: off.
+            muon_lr: Muon's peak learning rate, for a global batch of lr_batch_size (scaled as lr);
+                default: lr itself, which timm's Muon makes comparable (its update is scaled to
+                AdamW's RMS, "match_rms_adamw").
+            ema_decay: keep an exponential moving average of the weights (timm's ModelEmaV3, with its
+                warmup: the decay at step t is min(ema_decay, 1 − (1 + t)^−2/3), so a short run does not
+                average in its random start); validation, test, classify and export then use the EMA
+                weights (the raw ones stay in the checkpoint for resuming). None: off.
+            resize_stages: progressive resizing — smaller training images first, fewer tokens per step:
+                pairs (image size, share of the run at which that stage ends), e.g. [[16, 0.25], [24, 0.5]]
+                trains at 16 px for the first quarter of the run, at 24 px to its half, then at
+                arch.image_size. The share is of the steps, or of --trainer.max_time, whichever is
+                further (as the cosine). Images are resized (antialiased bilinear) in the training step and
+                E_pos is resampled to their grid (vit.model); the model, its checkpoint, validation and test
+                stay at full size.
             warmup_epochs: linear warmup from lr/1000, in epochs (fractions allowed).
             label_smoothing: label smoothing of the cross-entropy targets.
             mixup: Mixup alpha (0: off).
@@ -89,12 +101,20 @@ class ViTClassifier(L.LightningModule):
         if ema_decay is not None:
             from timm.utils import ModelEmaV3
 
-            self.ema = ModelEmaV3(self.model, decay=ema_decay).requires_grad_(False)
+            self.ema = ModelEmaV3(self.model, decay=ema_decay, use_warmup=True).requires_grad_(False)
         self.normalize = Normalize(mean, std)
         if len(mean) != arch.in_channels:
             raise ValueError(f"mean and std need {arch.in_channels} values each, got {mean}, {std}")
         self.class_names: list[str] = [str(i) for i in range(arch.num_classes)]
         self.warmup_end_time: float | None = None  # training seconds at the end of warmup (time budgets)
+        self.run_share = 0.0  # share of the run done (steps or time), set at every step: picks the resize stage
+        ends = [end for _, end in resize_stages]
+        for size, _ in resize_stages:
+            if size % arch.patch_size or size >= arch.image_size:
+                raise ValueError(f"resize_stages: a stage's image size must be a multiple of the patch size "
+                                 f"{arch.patch_size} below the image size {arch.image_size}, got {size}")
+        if ends != sorted(set(ends)):
+            raise ValueError(f"resize_stages: the stages' ends must increase, got {ends}")
 
         self.mixup_fn = None
         if (mixup > 0 or cutmix > 0) and mix_prob > 0:
@@ -132,15 +152,25 @@ class ViTClassifier(L.LightningModule):
     @property
     def flops_per_batch(self) -> int:
         """Analytic FLOPs of one training step of one process (vit.model.flops_per_image), for Throughput."""
-        return flops_per_image(self.model.config, train=True) * self.trainer.datamodule.batch_size
+        config = replace(self.model.config, image_size=self.train_image_size)
+        return flops_per_image(config, train=True) * self.trainer.datamodule.batch_size
 
     def metadata(self) -> Metadata:
         return Metadata(self.model.config, self.class_names, tuple(self.hparams.mean), tuple(self.hparams.std))
 
     # --- steps --------------------------------------------------------------------------------
+    @property
+    def train_image_size(self) -> int:
+        """The side of this step's training images: the resize stage the run is in, else the model's."""
+        return next((size for size, end in self.hparams.resize_stages if self.run_share < end),
+                    self.model.config.image_size)
+
     def training_step(self, batch, batch_idx):
         images, labels = batch
         x = self.normalize(images)
+        size = self.train_image_size
+        if size != x.shape[-1]:  # progressive resizing: (size/P)² tokens instead of N
+            x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
         if self.random_erasing is not None:
             self.random_erasing.device = x.device
             x = self.random_erasing(x)
@@ -220,7 +250,7 @@ class ViTClassifier(L.LightningModule):
         if hp.optimizer == "muon":
             from timm.optim import Muon
 
-            muon_lr = hp.muon_lr * global_batch / hp.lr_batch_size
+            muon_lr = (hp.muon_lr or hp.lr) * global_batch / hp.lr_batch_size
             optimizer = Muon(self.param_groups(lr, muon_lr), lr=muon_lr, weight_decay=hp.weight_decay,
                              betas=tuple(hp.betas))
         else:
@@ -252,19 +282,22 @@ class ViTClassifier(L.LightningModule):
 
     def _schedule_position(self) -> int:
         """Warmup by steps; then the cosine at the share of the run done: steps done over the total, or
-        training time used over ``max_time`` (after warmup), whichever is further."""
+        training time used over ``max_time`` (after warmup), whichever is further. Sets ``run_share``, the
+        share of the whole run done (the same measure, warmup included), for the resize stages."""
         step, warmup = self.global_step, self._warmup
-        if step <= warmup or self._timer is None:
-            return step
+        share = step / (warmup + self._decay) if self._finite_total else 0.0
         done = (step - warmup) / self._decay if self._finite_total else 0.0
-        elapsed = self._timer.time_elapsed()
-        if self.warmup_end_time is None:
-            self.warmup_end_time = elapsed
-        budget = elapsed + self._timer.time_remaining()
-        done = max(done, (elapsed - self.warmup_end_time) / max(budget - self.warmup_end_time, 1e-9))
-        if self.trainer.world_size > 1:  # one clock for all ranks, so every rank steps with the same lr
-            done = self.trainer.strategy.broadcast(done)
-        return warmup + round(min(done, 1.0) * self._decay)
+        if self._timer is not None:
+            elapsed, budget = self._timer.time_elapsed(), self._timer.time_elapsed() + self._timer.time_remaining()
+            if self.trainer.world_size > 1:  # one clock for all ranks: the same lr and stage everywhere
+                elapsed, budget = self.trainer.strategy.broadcast((elapsed, budget))
+            share = max(share, elapsed / budget)
+            if step > warmup:
+                if self.warmup_end_time is None:
+                    self.warmup_end_time = elapsed
+                done = max(done, (elapsed - self.warmup_end_time) / max(budget - self.warmup_end_time, 1e-9))
+        self.run_share = min(share, 1.0)
+        return step if step <= warmup else warmup + round(min(done, 1.0) * self._decay)
 
     def configure_callbacks(self):
         from lightning.pytorch.callbacks import LearningRateMonitor
@@ -303,9 +336,10 @@ class ViTClassifier(L.LightningModule):
                                    "the weights are not finite; no checkpoint was written")
         wandb = next((lg for lg in self.loggers if isinstance(lg, WandbLogger)), None)
         checkpoint["vit"] = {**self.metadata().to_dict(), "wandb_run_id": wandb.version if wandb else None,
-                             "warmup_end_time": self.warmup_end_time}
+                             "warmup_end_time": self.warmup_end_time, "run_share": self.run_share}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "vit" in checkpoint:
             self.class_names = list(checkpoint["vit"]["class_names"])
             self.warmup_end_time = checkpoint["vit"].get("warmup_end_time")
+            self.run_share = checkpoint["vit"].get("run_share", 0.0)
