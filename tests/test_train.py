@@ -339,12 +339,16 @@ def test_a_run_leaves_figures_drawn_from_its_logged_metrics(smoke_run, fake_cifa
 
 
 def test_time_budget_schedule_ends_at_min_lr(tmp_path, fake_cifar_session):
-    """max_time cuts the run wherever it is: the cosine, laid over the budget, is at min_lr by then."""
+    """max_time cuts the run wherever it is: the cosine, laid over the budget, is at min_lr by then, and
+    the resize stages end at their shares of the budget (one line at each switch)."""
     proc = train(tmp_path, fake_cifar_session, "--trainer.max_epochs", "-1", "--trainer.max_time", "00:00:00:08",
                  "--trainer.logger", "vit.loggers.CSVLogger", "--trainer.log_every_n_steps", "1",
-                 "--test_after_fit", "false")
+                 "--test_after_fit", "false", "--model.resize_stages", "[[16, 0.3], [24, 0.6]]")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "then cosine to 0.0001 at 8 s of training" in proc.stderr and "Time limit reached" in proc.stderr
+    switches = re.findall(r"step (\d+): training on (\d+)-px images \((\d+) patch tokens\)", proc.stderr)
+    assert [(size, tokens) for _, size, tokens in switches] == [("16", "16"), ("24", "36"), ("32", "64")]
+    assert 0 == int(switches[0][0]) < int(switches[1][0]) < int(switches[2][0])
     from vit import report
 
     lr = [v for _, v in report.read_metrics(tmp_path / "runs/smoke/version_0/metrics.csv")["lr-AdamW/pg1"]]

@@ -169,6 +169,10 @@ class ViTClassifier(L.LightningModule):
         images, labels = batch
         x = self.normalize(images)
         size = self.train_image_size
+        if size != getattr(self, "_said_size", images.shape[-1]):
+            rank_zero_info(f"step {self.global_step}: training on {size}-px images "
+                           f"({(size // self.model.config.patch_size) ** 2} patch tokens)")
+        self._said_size = size
         if size != x.shape[-1]:  # progressive resizing: (size/P)² tokens instead of N
             x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
         if self.random_erasing is not None:
