@@ -108,6 +108,7 @@ class ViTClassifier(L.LightningModule):
         self.class_names: list[str] = [str(i) for i in range(arch.num_classes)]
         self.warmup_end_time: float | None = None  # training seconds at the end of warmup (time budgets)
         self.run_share = 0.0  # share of the run done (steps or time), set at every step: picks the resize stage
+        self._said_size = arch.image_size  # the training image size last announced (one line per switch)
         ends = [end for _, end in resize_stages]
         for size, _ in resize_stages:
             if size % arch.patch_size or size >= arch.image_size:
@@ -169,7 +170,7 @@ class ViTClassifier(L.LightningModule):
         images, labels = batch
         x = self.normalize(images)
         size = self.train_image_size
-        if size != getattr(self, "_said_size", images.shape[-1]):
+        if size != self._said_size:
             rank_zero_info(f"step {self.global_step}: training on {size}-px images "
                            f"({(size // self.model.config.patch_size) ** 2} patch tokens)")
         self._said_size = size
@@ -292,7 +293,8 @@ class ViTClassifier(L.LightningModule):
         share = step / (warmup + self._decay) if self._finite_total else 0.0
         done = (step - warmup) / self._decay if self._finite_total else 0.0
         if self._timer is not None:
-            elapsed, budget = self._timer.time_elapsed(), self._timer.time_elapsed() + self._timer.time_remaining()
+            elapsed = self._timer.time_elapsed()
+            budget = elapsed + self._timer.time_remaining()
             if self.trainer.world_size > 1:  # one clock for all ranks: the same lr and stage everywhere
                 elapsed, budget = self.trainer.strategy.broadcast((elapsed, budget))
             share = max(share, elapsed / budget)

@@ -34,9 +34,12 @@ def single_process_accuracy(ckpt: dict, data: Path, val_size: int) -> float:
 
 def test_ddp_with_the_defaults_a_user_gets(tmp_path, fake_cifar_session):
     """2 processes (gloo), base.yaml's callbacks and loggers, tqdm's bar on a terminal, W&B offline. Each of
-    the 101 validation images counts once (2 ranks: 51 + 50, no padding), as one process counts them."""
+    the 101 validation images counts once (2 ranks: 51 + 50, no padding), as one process counts them.
+    With the GPU recipes' options: Muon, and a resize stage whose switch every rank takes at the same
+    step (a time budget too, so the ranks share rank 0's clock every step)."""
     cmd = [sys.executable, *TRAIN, "--data.root", str(fake_cifar_session), "--trainer.devices", "2",
-           "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu", "--trainer.max_epochs", "2"]
+           "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu", "--trainer.max_epochs", "2",
+           "--trainer.max_time", "00:00:05:00", "--model.optimizer", "muon", "--model.resize_stages", "[[16, 0.5]]"]
     code, out, seconds = in_terminal(cmd, tmp_path, user_env(), timeout=300)
     print(f"DDP with the defaults: {seconds:.1f} s")
     assert code is not None, f"hung: killed after {seconds:.0f} s\n{out[-3000:]}"
@@ -49,6 +52,7 @@ def test_ddp_with_the_defaults_a_user_gets(tmp_path, fake_cifar_session):
     assert len(list((run / "wandb").glob("offline-run-*"))) == 1
     assert len(re.findall(TEST_LINE, out)) == 1
     assert "sync_dist=True" not in out and "Traceback" not in out
+    assert out.count("training on 16-px images") == 1 and out.count("training on 32-px images") == 1  # rank 0 says it
     ckpt = load(best)
     ddp = best_val_acc(ckpt)
     assert round(ddp * 101, 4) == round(ddp * 101)  # a count of the 101 images, not of 102 with a repeat
