@@ -76,21 +76,28 @@ def test_mixup_cutmix_targets_sum_to_one():
         torch.testing.assert_close(targets.sum(-1), torch.ones(8))
 
 
-def test_time_to_accuracy_records_each_threshold_once():
+def test_time_to_accuracy_records_each_threshold_once_on_the_runs_clock():
+    import time
     from types import SimpleNamespace
 
     from vit.callbacks import TimeToAccuracy
+    from vit.results import TrainingClock
 
     logged = {}
     module = SimpleNamespace(log_dict=lambda d: logged.update(d))
+    clock = TrainingClock()
+    clock.load_state_dict({"training_seconds": 100.0})  # a resumed run: 100 s trained before
+    clock.started = time.perf_counter()
     cb = TimeToAccuracy(thresholds=(0.93, 0.90))
-    cb.on_fit_start(None, module)
     for epoch, acc in enumerate([0.5, 0.91, 0.89, 0.95]):
         trainer = SimpleNamespace(callback_metrics={"val/acc": torch.tensor(acc)}, sanity_checking=False,
-                                  current_epoch=epoch, global_step=10 * epoch)
+                                  current_epoch=epoch, global_step=10 * epoch, callbacks=[cb, clock])
         cb.on_validation_epoch_end(trainer, module)
         if epoch == 1:
             first_90 = logged["time_to/val_acc_0.90"]
             assert "time_to/val_acc_0.93" not in logged
     assert logged["time_to/val_acc_0.90"] == first_90  # not overwritten by later epochs
-    assert logged["time_to/val_acc_0.93"] >= first_90 > 0
+    assert logged["time_to/val_acc_0.93"] >= first_90 >= 100  # the run's clock, resumed time included
+    resumed = TimeToAccuracy(thresholds=(0.93, 0.90))
+    resumed.load_state_dict(cb.state_dict())
+    assert resumed.reached == cb.reached

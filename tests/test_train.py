@@ -71,6 +71,29 @@ def test_smoke_run_writes_one_run_folder_and_tests(smoke_run):
     assert "run folder: runs/smoke/version_0" in proc.stderr
 
 
+def test_smoke_run_writes_its_record(smoke_run):
+    """results.json: the printed test line's figures, the run's progress, and what made it."""
+    import json
+
+    cwd, proc = smoke_run
+    run = cwd / "runs" / "smoke" / "version_0"
+    record = json.loads((run / "results.json").read_text())
+    _, tested, top1, top5 = re.search(TEST_LINE, proc.stderr).groups()
+    assert (record["test_top1"], record["test_top5"]) == (float(top1), float(top5))
+    assert run / record["checkpoint"] == Path(tested)
+    assert record["best_val_acc"] == pytest.approx(100 * best_val_acc(load(Path(tested))), abs=0.01)
+    assert record["recipe"] == "smoke" and record["command"].startswith("python scripts/train.py --config smoke")
+    assert "--data.num_workers 2" in record["command"]
+    assert record["commit"] is None or len(record["commit"]) == 40
+    assert record["device_count"] == 1 and record["device"] == record["cpu"] and record["torch_threads"] >= 1
+    assert set(record["versions"]) >= {"torch", "lightning", "timm"}
+    assert record["epochs"] == 3 and record["steps"] == 3 * 400 // 50
+    assert 0 < record["training_seconds"] < record["wall_seconds"]
+    assert record["train_images_per_second"] == pytest.approx(record["steps"] * 50 / record["training_seconds"], rel=0.01)
+    assert record["date"].startswith("20")
+    assert f"record: {run.relative_to(cwd)}/results.json" in proc.stderr
+
+
 def test_output_has_no_third_party_noise(smoke_run):
     _, proc = smoke_run
     out = proc.stderr + proc.stdout
@@ -115,6 +138,12 @@ def test_test_command_evaluates_a_checkpoint_like_the_end_of_fit(smoke_run, fake
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert re.search(TEST_LINE, proc.stderr).groups() == re.search(TEST_LINE, fit.stderr).groups()
     assert not list(tmp_path.iterdir())  # written into the checkpoint's own run folder, not here
+    import json
+
+    record = json.loads((best.parents[1] / f"results-{best.stem}.json").read_text())  # results.json kept
+    assert record["test_top1"] == float(re.search(TEST_LINE, fit.stderr).group(3))
+    assert record["command"].startswith("python scripts/train.py test --config smoke")
+    assert record["steps"] == load(best)["global_step"]  # the tested checkpoint's run, up to that checkpoint
     proc = train(tmp_path, fake_cifar_session, "test")
     assert proc.returncode == 2 and "test needs --ckpt_path" in proc.stderr
 

@@ -133,25 +133,31 @@ class StopOnNonFinite(L.Callback):
 
 
 class TimeToAccuracy(L.Callback):
-    """Log the wall time (s since fit started) at which ``val/acc`` first reaches each threshold,
-    as ``time_to/val_acc_<threshold>``, and print one line when it happens."""
+    """Log the training time (the run's clock, vit.results.TrainingClock: seconds inside fit, summed over
+    resumes) at which ``val/acc`` first reaches each threshold, as ``time_to/val_acc_<threshold>``, and
+    print one line when it happens. The times reached are kept in checkpoints and in the run's record."""
 
     def __init__(self, thresholds: tuple[float, ...] = (0.90, 0.93, 0.94)):
         self.thresholds = sorted(thresholds)
         self.reached: dict[float, float] = {}
 
-    def on_fit_start(self, trainer, pl_module):
-        self.start = time.perf_counter()
+    def state_dict(self):
+        return {"reached": {str(t): s for t, s in self.reached.items()}}
+
+    def load_state_dict(self, state_dict):
+        self.reached = {float(t): s for t, s in state_dict.get("reached", {}).items()}
 
     def on_validation_epoch_end(self, trainer, pl_module):
+        from vit.results import TrainingClock
+
         acc = trainer.callback_metrics.get("val/acc")
         if trainer.sanity_checking or acc is None:
             return
-        elapsed = time.perf_counter() - self.start
+        elapsed = next(cb for cb in trainer.callbacks if isinstance(cb, TrainingClock)).seconds()
         for t in self.thresholds:
             if t not in self.reached and acc.item() >= t:
                 self.reached[t] = elapsed
-                rank_zero_info(f"val/acc {acc.item():.4f} >= {t:.2f} after {elapsed:.1f} s "
+                rank_zero_info(f"val/acc {acc.item():.4f} >= {t:.2f} after {elapsed:.1f} s of training "
                                f"(epoch {trainer.current_epoch}, step {trainer.global_step})")
         if self.reached:
             pl_module.log_dict({f"time_to/val_acc_{t:.2f}": s for t, s in self.reached.items()})

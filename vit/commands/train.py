@@ -29,8 +29,8 @@ from lightning.pytorch.plugins.environments import LightningEnvironment, SLURMEn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from vit import configs, runs
-from vit.callbacks import LogConfig, Preempted, ProgressBar, TrainingDiverged
+from vit import configs, results, runs
+from vit.callbacks import LogConfig, Preempted, ProgressBar, TimeToAccuracy, TrainingDiverged
 from vit.checkpoints import CheckpointError, read_checkpoint
 from vit.data import DatasetError
 from vit.loggers import WandbLogger
@@ -178,7 +178,7 @@ class ViTCLI(LightningCLI):
         bars = [c for c in [*(config.get("callbacks") or []), *callbacks] if isinstance(c, LightningProgressBar)]
         if config.get("enable_progress_bar") is not False and not bars:
             callbacks = [*callbacks, ProgressBar()]
-        return super()._instantiate_trainer(config, callbacks)
+        return super()._instantiate_trainer(config, [*callbacks, results.TrainingClock()])
 
     def check_resumable(self, ckpt: dict) -> None:
         """A checkpoint whose model does not fit the command line: one line naming the differences."""
@@ -245,7 +245,36 @@ class ViTCLI(LightningCLI):
             quiet.setLevel(level)
         rank_zero_info(f"test on {len(self.datamodule.test_set)} images with {ckpt or 'the final weights'}: "
                        f"top-1 {100 * metrics['test/acc']:.2f}%, top-5 {100 * metrics['test/acc5']:.2f}%")
+        self.record(ckpt, metrics)
         self.report()
+
+    def record(self, ckpt: str | None, metrics: dict) -> None:
+        """results.json in the run folder (vit.results), and the same record in the W&B run's summary.
+        After fit it describes the run (its clock, steps, epochs); after ``test`` the checkpoint's run."""
+        import torch
+
+        run = Path(self.trainer.default_root_dir)
+        if self.mode == "fit":
+            clock = next(cb for cb in self.trainer.callbacks if isinstance(cb, results.TrainingClock)).state_dict()
+            recipe = recipe_name(self.argv)
+        else:
+            clock = results.TrainingClock.of(self.resume[1])
+            recipe = Path(named_recipes(self.argv)[-1]).stem if named_recipes(self.argv) else run.parent.name
+        best = self.model.val_acc_best.max_value  # restored with the tested checkpoint's state
+        reached = next((cb.reached for cb in self.trainer.callbacks if isinstance(cb, TimeToAccuracy)), None)
+        record = results.make(
+            recipe=recipe, argv=[self.mode, *self.argv] if self.mode == "test" else self.argv,
+            accelerator=self.model.device.type, devices=self.trainer.world_size, metrics=metrics,
+            checkpoint=ckpt and os.path.relpath(ckpt, run), best_val_acc=round(100 * best.item(), 2) if torch.isfinite(best) else None,
+            epochs=clock.get("epochs"), steps=clock.get("steps"), training_seconds=clock.get("training_seconds"),
+            wall_seconds=round(results.wall_seconds(), 1),
+            train_images_per_second=clock.get("train_images_per_second"),
+            **({"time_to_val_acc": {f"{t:.2f}": round(s, 1) for t, s in reached.items()}} if reached is not None else {}))
+        path = results.write(run, record, None if self.mode == "fit" else Path(ckpt).stem)
+        rank_zero_info(f"record: {path}")
+        for logger in self.trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                logger.experiment.summary.update(record)
 
     def report(self) -> None:
         """The run's figures (vit.report) into its folder, and to W&B when it is on."""
