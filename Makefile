@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 
-.PHONY: install train test test-cluster benchmark
+.PHONY: install train test test-cluster benchmark figures
 
 install: $(VENV)/.installed
 
@@ -27,3 +27,8 @@ test-cluster: install
 
 benchmark: install
 	$(BIN)/python scripts/benchmark.py $(ARGS)
+
+# README's figures on this machine (records in results/, README's tables rendered from them):
+# `make figures ARGS="--help"` says how.
+figures: install
+	$(BIN)/python scripts/figures.py $(ARGS)

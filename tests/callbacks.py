@@ -51,3 +51,14 @@ class StallRank(L.Callback):
             import time
 
             time.sleep(self.seconds)
+
+
+class RaiseMidTraining(L.Callback):
+    """A user's callback with a bug: raises ``error`` (a built-in exception type's name) at step 2."""
+
+    def __init__(self, error: str = "ValueError"):
+        self.error = error
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == 2:
+            raise getattr(__import__("builtins"), self.error)("a bug in the user's callback")

@@ -18,11 +18,11 @@ def test_wheel_carries_recipes_and_commands(tmp_path):
                             str(tmp_path / "dist"), str(source)], capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr[-2000:]
     assert "Deprecat" not in build.stdout + build.stderr
-    (wheel,) = (tmp_path / "dist").glob("vit-*.whl")
+    (wheel,) = (tmp_path / "dist").glob("vit_lightning-*.whl")  # the distribution; the import name stays vit
     names = zipfile.ZipFile(wheel).namelist()
     assert {"vit/configs/base.yaml", "vit/configs/smoke.yaml", "vit/configs/cpu.yaml", "vit/commands/train.py"} <= set(names)
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
-    for command in ("vit-train", "vit-classify", "vit-rollout", "vit-export", "vit-benchmark", "vit-report"):
+    for command in ("vit-train", "vit-classify", "vit-rollout", "vit-export", "vit-benchmark", "vit-report", "vit-figures"):
         assert f"{command} = vit.commands." in entry_points
     target = tmp_path / "site"
     install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), str(wheel)],

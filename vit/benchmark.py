@@ -8,21 +8,13 @@ the median of the rounds is reported, so a drift in the machine's speed hits bot
 from __future__ import annotations
 
 import json
-import platform
 import statistics
-import sys
 import time
 from contextlib import nullcontext
 
 import torch
 
 from vit.model import PRESETS, ViTConfig, VisionTransformer, flops_per_image
-
-
-def describe_device(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
 
 
 def _sync(device: torch.device) -> None:
@@ -59,11 +51,15 @@ def _step_fn(model, images, labels, train: bool, autocast):
 
 
 def bench_model(preset: str, batch_size: int, device: torch.device, dtype: torch.dtype,
-                steps: int, rounds: int, warmup: int = 2) -> dict:
-    """Train and inference images/s (and peak memory on GPU) for ours vs timm's twin."""
+                steps: int, rounds: int, warmup: int = 2, compile_model: bool = False) -> dict:
+    """Train and inference images/s (and peak memory on GPU) for ours vs timm's twin (both compiled
+    with ``compile_model``)."""
     torch.manual_seed(0)
     ours = VisionTransformer(ViTConfig(**PRESETS[preset])).to(device)
     theirs = timm_twin(ours).to(device)
+    if compile_model:
+        ours.compile()
+        theirs.compile()
     images = torch.randn(batch_size, 3, ours.config.image_size, ours.config.image_size, device=device)
     labels = torch.randint(0, ours.config.num_classes, (batch_size,), device=device)
     if dtype == torch.float32:
@@ -72,7 +68,7 @@ def bench_model(preset: str, batch_size: int, device: torch.device, dtype: torch
         def autocast():
             return torch.autocast(device.type, dtype=dtype)
     result = {"preset": preset, "batch_size": batch_size, "dtype": str(dtype).removeprefix("torch."),
-              "params_M": sum(p.numel() for p in ours.parameters()) / 1e6}
+              "compiled": compile_model, "params_M": sum(p.numel() for p in ours.parameters()) / 1e6}
     for mode in ("train", "infer"):
         steps_fn = {}
         for name, model in (("ours", ours), ("timm", theirs)):
@@ -349,13 +345,15 @@ def run(args) -> dict:
     presets = ["vit_tiny"] if quick else args.presets
     batch = 8 if quick else args.batch_size
     sections = args.sections.split(",")
-    report = {"device": describe_device(device), "torch": torch.__version__, "command": " ".join(sys.argv)}
+    from vit.results import provenance
+
+    report = {**provenance(list(args.argv), "benchmark", device.type, 1), "torch": torch.__version__}
     if "model" in sections:
         report["patch_embedding"] = [bench_patch_embedding(presets[0], batch, device, rounds)]
         print("# patch embedding E, forward+backward, images/s: patchify + Linear vs timm's strided conv")
         print(format_table(report["patch_embedding"], ["preset", "batch_size", "img_s_ours", "img_s_conv", "ratio"]))
-        report["model"] = [bench_model(p, batch, device, dtype, steps, rounds, warmup=1 if quick else 2)
-                           for p in presets]
+        report["model"] = [bench_model(p, batch, device, dtype, steps, rounds, warmup=1 if quick else 2,
+                                       compile_model=args.compile) for p in presets]
         print("# model step, images/s, ours vs timm's VisionTransformer of the same shape")
         print(format_table(report["model"], ["preset", "batch_size", "dtype", "train_img_s_ours", "train_img_s_timm",
                                              "train_ratio", "infer_img_s_ours", "infer_img_s_timm", "infer_ratio"]

@@ -18,14 +18,35 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
-
-class TrainingDiverged(RuntimeError):
-    """The loss or the gradients became non-finite; the message says where and what to try."""
+from vit.exits import Preempted, TrainingDiverged
 
 
-class Preempted(RuntimeError):
-    """SLURM asked the job to stop (SIGUSR1 before a time limit or a preemption); the message says
-    whether the job was requeued and where it resumes."""
+class StopAfterMinutes(L.Callback):
+    """End this command in time for a wall-clock limit on it (a lease, a short partition): at the end of
+    an epoch, after its checkpoints, when one more epoch like the last (+20 %, + 30 s for the test) would
+    end past ``minutes`` since the process started. The CLI then exits 4 (vit.commands.train), and
+    ``--ckpt_path last`` continues the run exactly, its schedule and clock included. All processes
+    decide together on rank zero's clock. Not when the run would end anyway with that epoch."""
+
+    def __init__(self, minutes: float):
+        self.limit = 60 * minutes
+        self.stopped_at: int | None = None  # the epoch after which it stopped
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self.epoch_started = time.perf_counter()
+
+    def on_validation_end(self, trainer, pl_module):  # before ModelCheckpoint's (Lightning runs those last)
+        from vit.results import wall_seconds
+
+        if trainer.sanity_checking or not hasattr(self, "epoch_started"):
+            return
+        epoch = time.perf_counter() - self.epoch_started
+        late = wall_seconds() + 1.2 * epoch + 30 > self.limit
+        last = trainer.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= trainer.max_epochs
+        (late,) = [trainer.strategy.broadcast(late)]  # rank zero's clock decides for every process
+        if late and not last:
+            trainer.should_stop = True
+            self.stopped_at = trainer.current_epoch
 
 
 class EpochSeed(L.Callback):
@@ -330,9 +351,11 @@ class StopOnSignal(L.Callback):
     def check(self, trainer) -> None:
         if not trainer.strategy.reduce_boolean_decision(self.signalled, all=False):
             return
-        wandb = _wandb(trainer)
-        if trainer.is_global_zero and wandb is not None and wandb._experiment is not None:
-            wandb.experiment.mark_preempting()
+        if trainer.is_global_zero and _wandb(trainer) is not None:
+            import wandb
+
+            if wandb.run is not None:  # the logger's run, if it started
+                wandb.run.mark_preempting()
         last = os.path.join(trainer.default_root_dir, "checkpoints", "last.ckpt")
         resume = f"resumes from {last}" if os.path.isfile(last) else "starts again in its run folder (no epoch was completed)"
         raise Preempted(f"SLURM job {self.job} got SIGUSR1 (a time limit or preemption is near): stopped at step "

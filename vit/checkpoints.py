@@ -6,9 +6,9 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
+from vit.exits import CheckpointError
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, corrupt, unsafe or not one of ours; the message says which."""
+__all__ = ["CheckpointError", "read_checkpoint"]
 
 
 def read_checkpoint(path: str | Path) -> dict:

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vit.exits import DatasetError
+
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 ARCHIVE_MD5 = "c58f30108f718f92721af3b95e74349a"
 FOLDER = "cifar-10-batches-py"
@@ -19,8 +21,7 @@ TEST_FILE = "test_batch"
 META_FILE = "batches.meta"
 
 
-class DatasetError(RuntimeError):
-    """A dataset that is missing, malformed or cannot be fetched; the message says what to do."""
+__all__ = ["DatasetError"]  # (vit.exits: the project's error types)
 
 
 _ALLOWED_GLOBALS = {  # all a CIFAR batch pickle may reference: numpy arrays of plain dtypes, and

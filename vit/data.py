@@ -30,6 +30,7 @@ from torchvision.transforms import v2
 
 from vit import cifar
 from vit.cifar import DatasetError
+from vit.exits import ConfigError
 from vit.images import IMAGE_SUFFIXES, ImageError, check_image, load_image
 from vit.preprocessing import resize
 
@@ -39,7 +40,7 @@ __all__ = ["CIFAR10DataModule", "DatasetError", "ImageDataModule", "ImageFolderD
 def stratified_split(labels: torch.Tensor, val_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Seeded split with each class's share of the validation set equal to its share of the data."""
     if not 0 < val_size < len(labels):
-        raise ValueError(f"val_size must leave images on both sides: between 1 and {len(labels) - 1} "
+        raise ConfigError(f"val_size must leave images on both sides: between 1 and {len(labels) - 1} "
                          f"of {len(labels)} images, got {val_size}")
     g = torch.Generator().manual_seed(seed)
     perm = torch.randperm(len(labels), generator=g)
@@ -72,7 +73,7 @@ def augmentation(crop_padding: int, hflip: bool, auto_augment: str | None, image
         elif name == "trivialaugment":
             steps.append(v2.TrivialAugmentWide())
         else:
-            raise ValueError(f"auto_augment must be autoaugment, randaugment[-N-M] or trivialaugment, "
+            raise ConfigError(f"auto_augment must be autoaugment, randaugment[-N-M] or trivialaugment, "
                              f"got {auto_augment!r}")
     return steps
 
@@ -163,7 +164,7 @@ class ImageDataModule(L.LightningDataModule):
 
     def train_dataloader(self):
         if len(self.train_set) < self.batch_size:
-            raise ValueError(f"the training set has {len(self.train_set)} images, fewer than one batch of "
+            raise ConfigError(f"the training set has {len(self.train_set)} images, fewer than one batch of "
                              f"{self.batch_size}: lower --data.batch_size")
         return self._loader(self.train_set, train=True)
 
@@ -191,7 +192,7 @@ class CIFAR10DataModule(ImageDataModule):
         super().__init__(root=root, **kwargs)
         self.download, self.pipeline = download, pipeline
         if pipeline == "device" and (kwargs.get("auto_augment") or self.image_size != 32):
-            raise ValueError("pipeline 'device' does crop+flip on 32×32 images only: "
+            raise ConfigError("pipeline 'device' does crop+flip on 32×32 images only: "
                              "use pipeline 'workers' for auto_augment or resizing")
         self._train_epochs = 0  # train iterators made so far (device pipeline; saved in checkpoints)
 

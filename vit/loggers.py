@@ -49,12 +49,6 @@ class WandbLogger(_LightningWandbLogger):
         super().__init__(*args, **kwargs)
         self._wandb_init.pop("anonymous", None)  # wandb warns that the setting has no effect
 
-    def resume(self, run_id: str) -> None:
-        """Continue the W&B run ``run_id`` (call before the experiment starts)."""
-        if self._experiment is None:
-            self._wandb_init.update(id=run_id, resume="allow")
-            self._id = run_id
-
 
 class _AppendingWriter(ExperimentWriter):
     def _check_log_dir_exists(self) -> None:

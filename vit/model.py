@@ -14,6 +14,8 @@ from einops import rearrange
 from torch import nn
 from torchvision.ops import StochasticDepth
 
+from vit.exits import ConfigError
+
 __all__ = [
     "ViTConfig",
     "VisionTransformer",
@@ -63,19 +65,19 @@ class ViTConfig:
         for name in ("image_size", "patch_size", "in_channels", "num_classes", "dim", "depth", "heads"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.image_size % self.patch_size:
-            raise ValueError(
+            raise ConfigError(
                 f"image_size {self.image_size} is not divisible by patch_size {self.patch_size}"
             )
         if self.dim % self.heads:
-            raise ValueError(f"dim {self.dim} is not divisible by heads {self.heads}")
+            raise ConfigError(f"dim {self.dim} is not divisible by heads {self.heads}")
         if not self.mlp_ratio > 0 or int(self.dim * self.mlp_ratio) < 1:
-            raise ValueError(f"mlp_ratio must be positive, got {self.mlp_ratio!r}")
+            raise ConfigError(f"mlp_ratio must be positive, got {self.mlp_ratio!r}")
         for name in ("dropout", "attn_dropout", "drop_path", "patch_drop"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+                raise ConfigError(f"{name} must be in [0, 1), got {value!r}")
 
     @property
     def num_patches(self) -> int:  # N = HW / P²
@@ -255,7 +257,7 @@ def flops_per_image(config: ViTConfig, train: bool = False) -> int:
 def create_model(name: str, **overrides) -> VisionTransformer:
     """A preset by name (see PRESETS), with any constructor argument overridden."""
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+        raise ConfigError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
     return VisionTransformer(ViTConfig(**{**PRESETS[name], **overrides}))
 
 

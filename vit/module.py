@@ -14,6 +14,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from vit.exits import ConfigError
 from vit.model import ViTConfig, VisionTransformer, flops_per_image, load_pretrained
 from vit.preprocessing import CIFAR10_MEAN, CIFAR10_STD, Metadata, Normalize
 
@@ -104,7 +105,7 @@ class ViTClassifier(L.LightningModule):
             self.ema = ModelEmaV3(self.model, decay=ema_decay, use_warmup=True).requires_grad_(False)
         self.normalize = Normalize(mean, std)
         if len(mean) != arch.in_channels:
-            raise ValueError(f"mean and std need {arch.in_channels} values each, got {mean}, {std}")
+            raise ConfigError(f"mean and std need {arch.in_channels} values each, got {mean}, {std}")
         self.class_names: list[str] = [str(i) for i in range(arch.num_classes)]
         self.warmup_end_time: float | None = None  # training seconds at the end of warmup (time budgets)
         self.run_share = 0.0  # share of the run done (steps or time), set at every step: picks the resize stage
@@ -112,10 +113,10 @@ class ViTClassifier(L.LightningModule):
         ends = [end for _, end in resize_stages]
         for size, _ in resize_stages:
             if size % arch.patch_size or size >= arch.image_size:
-                raise ValueError(f"resize_stages: a stage's image size must be a multiple of the patch size "
+                raise ConfigError(f"resize_stages: a stage's image size must be a multiple of the patch size "
                                  f"{arch.patch_size} below the image size {arch.image_size}, got {size}")
         if ends != sorted(set(ends)):
-            raise ValueError(f"resize_stages: the stages' ends must increase, got {ends}")
+            raise ConfigError(f"resize_stages: the stages' ends must increase, got {ends}")
 
         self.mixup_fn = None
         if (mixup > 0 or cutmix > 0) and mix_prob > 0:
@@ -238,7 +239,7 @@ class ViTClassifier(L.LightningModule):
         trainer.fit_loop.setup_data()  # (done already unless the run is open-ended) num_training_batches
         self._timer = next((cb for cb in trainer.callbacks if isinstance(cb, Timer)), None)
         if total == float("inf") and self._timer is None:
-            raise ValueError("set --trainer.max_epochs, --trainer.max_steps or --trainer.max_time: "
+            raise ConfigError("set --trainer.max_epochs, --trainer.max_steps or --trainer.max_time: "
                              "the cosine schedule needs a length")
         per_epoch = max(1, trainer.num_training_batches // trainer.accumulate_grad_batches)
         warmup = int(round(hp.warmup_epochs * per_epoch))
@@ -305,21 +306,12 @@ class ViTClassifier(L.LightningModule):
         self.run_share = min(share, 1.0)
         return step if step <= warmup else warmup + round(min(done, 1.0) * self._decay)
 
-    def configure_callbacks(self):
-        from lightning.pytorch.callbacks import LearningRateMonitor
-
-        from vit.callbacks import EpochSeed, StopOnSignal, StopOnNonFinite
-
-        every = self.trainer.log_every_n_steps  # the host looks at the device's flags this often
-        return [EpochSeed(), StopOnNonFinite(every), StopOnSignal(every)] + \
-            ([LearningRateMonitor("step")] if self.trainer.loggers else [])
-
     # --- weights that are not ours, and what a checkpoint carries ------------------------------
     def setup(self, stage: str) -> None:
         classes = getattr(getattr(self.trainer, "datamodule", None), "classes", None)
         if classes:
             if len(classes) != self.model.config.num_classes:
-                raise ValueError(f"the data has {len(classes)} classes but the model has num_classes="
+                raise ConfigError(f"the data has {len(classes)} classes but the model has num_classes="
                                  f"{self.model.config.num_classes}")
             self.class_names = list(classes)
         if stage == "fit":  # never when a checkpoint is merely loaded for inference or test
@@ -335,7 +327,7 @@ class ViTClassifier(L.LightningModule):
         non-finite weights is never saved (vit.callbacks.StopOnNonFinite says why training stopped)."""
         from lightning.pytorch.loggers import WandbLogger
 
-        from vit.callbacks import TrainingDiverged
+        from vit.exits import TrainingDiverged
 
         if not all(torch.isfinite(p).all() for p in self.model.parameters()):
             raise TrainingDiverged(f"training diverged by step {self.global_step} (epoch {self.current_epoch}): "

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torchvision.transforms.v2 import functional as TF
 
+from vit.exits import ConfigError
 from vit.model import ViTConfig
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -29,7 +30,7 @@ class Normalize(nn.Module):
     def __init__(self, mean, std):
         super().__init__()
         if len(mean) != len(std) or min(std) <= 0:
-            raise ValueError(f"mean and std need one value per channel each (std > 0), got {mean}, {std}")
+            raise ConfigError(f"mean and std need one value per channel each (std > 0), got {mean}, {std}")
         self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
 

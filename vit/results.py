@@ -69,23 +69,27 @@ def versions() -> dict:
             "timm": timm.__version__, "vit": __version__}
 
 
-def command_line(argv: list[str]) -> str:
-    """The command as the user typed it, as far as the process can tell."""
+def command_line(argv: list[str], command: str = "train") -> str:
+    """The command as the user typed it, as far as the process can tell: ``python scripts/NAME.py ...``
+    or the console script ``vit-NAME ...``."""
     import shlex
 
-    program = "python scripts/train.py" if Path(sys.argv[0]).name == "train.py" else "vit-train"
+    program = f"python scripts/{command}.py" if Path(sys.argv[0]).name == f"{command}.py" else f"vit-{command}"
     return " ".join([program, *map(shlex.quote, argv)])
+
+
+def provenance(argv: list[str], command: str, accelerator: str, devices: int) -> dict:
+    """What made a figure: the command line, the commit, the date, the machine and the versions."""
+    return {"command": command_line(argv, command), **commit(),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            **machine(accelerator, devices), "versions": versions()}
 
 
 def make(*, recipe: str, argv: list[str], accelerator: str, devices: int, metrics: dict, **measured) -> dict:
     """A record: provenance first, then the figures (``metrics``: test/acc and test/acc5 as fractions)."""
     return {
         "recipe": recipe,
-        "command": command_line(argv),
-        **commit(),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        **machine(accelerator, devices),
-        "versions": versions(),
+        **provenance(argv, "train", accelerator, devices),
         "test_top1": round(100 * float(metrics["test/acc"]), 2),
         "test_top5": round(100 * float(metrics["test/acc5"]), 2),
         **measured,

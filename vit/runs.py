@@ -12,13 +12,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from vit.exits import RunError
+
 CHECKPOINTS = "checkpoints"
 LAST = "last.ckpt"
 ENV = "VIT_RUN_DIR"
-
-
-class RunError(ValueError):
-    """A run folder that cannot be used as asked; the message says what to do instead."""
 
 
 def last_checkpoint(run: Path) -> Path | None:

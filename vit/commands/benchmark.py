@@ -4,6 +4,7 @@ present. Example: `vit-benchmark --output benchmark.json`."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 parser = argparse.ArgumentParser(prog="vit-benchmark", description=__doc__)
 parser.add_argument("--presets", nargs="+", default=["vit_tiny", "vit_small"])
@@ -21,7 +22,7 @@ parser.add_argument("--classify-images", type=int, default=2000, help="generated
 parser.add_argument("--data-images", type=int, default=20000)
 parser.add_argument("--data-batch-size", type=int, default=256)
 parser.add_argument("--step-batch-size", type=int, default=64)
-parser.add_argument("--compile", action="store_true", help="torch.compile the model in the whole-step benchmark")
+parser.add_argument("--compile", action="store_true", help="torch.compile the models (ours and timm's) and the whole step")
 parser.add_argument("--startup-repeats", type=int, default=5)
 parser.add_argument("--quick", action="store_true", help="one tiny round of everything (for tests)")
 
@@ -30,5 +31,7 @@ parser.add_argument("--quick", action="store_true", help="one tiny round of ever
 def main(argv: list[str] | None = None) -> int:
     from vit.benchmark import run
 
-    run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv  # for the record
+    run(args)
     return 0

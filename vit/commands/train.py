@@ -4,14 +4,12 @@
     vit-train test --ckpt_path CKPT [--data... ]                          evaluate a checkpoint
 
 A recipe is a name (see --help for the list) or a YAML path; recipes are deltas over the default one.
-Exit status: 0 done; 2 a bad configuration value, missing or malformed data, an unusable checkpoint;
-3 training diverged (non-finite loss or gradients); 4 preempted on SLURM (SIGUSR1: the job is requeued
-and resumes); 5 the processes of a multi-process run lost each other (a collective timed out or a
-process died: see --ddp_timeout). Anything else is a bug: 1 with a traceback.
+Exit statuses: vit.exits (shown by --help).
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import re
@@ -19,10 +17,11 @@ import sys
 import warnings
 from datetime import timedelta
 from pathlib import Path
+from typing import Optional
 
 import lightning as L
-from jsonargparse import ActionConfigFile, ArgumentError, Namespace
-from jsonargparse.typing import PositiveInt
+from jsonargparse import ActionConfigFile, ArgumentError, DefaultHelpFormatter, Namespace
+from jsonargparse.typing import PositiveFloat, PositiveInt
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.callbacks import ProgressBar as LightningProgressBar
 from lightning.pytorch.plugins.environments import LightningEnvironment, SLURMEnvironment
@@ -30,9 +29,10 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from vit import configs, results, runs
-from vit.callbacks import LogConfig, Preempted, ProgressBar, TimeToAccuracy, TrainingDiverged
-from vit.checkpoints import CheckpointError, read_checkpoint
-from vit.data import DatasetError
+from vit import exits
+from vit.callbacks import LogConfig, ProgressBar, StopAfterMinutes, TimeToAccuracy
+from vit.checkpoints import read_checkpoint
+from vit.exits import CheckpointError, ConfigError, Stopped
 from vit.loggers import WandbLogger
 from vit.module import ViTClassifier
 
@@ -45,6 +45,10 @@ warnings.filterwarnings("ignore", message=r".*when using `ckpt_path`, callbacks 
 warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty", module="lightning")  # a resume
 warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system but is not used")  # a login node
 warnings.filterwarnings("ignore", message=r"Encountered `nan` values in tensor", module="torchmetrics")  # exit 3 says it
+
+
+class HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """jsonargparse's help, with the exit table's lines kept as written."""
 
 
 class RecipeFile(ActionConfigFile):
@@ -84,7 +88,8 @@ class ViTCLI(LightningCLI):
         super().__init__(ViTClassifier, L.LightningDataModule, subclass_mode_data=True, run=False, args=argv,
                          save_config_callback=LogConfig, save_config_kwargs={"overwrite": True},
                          auto_configure_optimizers=False,
-                         parser_kwargs={"exit_on_error": False, "prog": "vit-train",
+                         parser_kwargs={"exit_on_error": False, "prog": "vit-train", "epilog": exits.text(),
+                                        "formatter_class": HelpFormatter,
                                         "description": __doc__.split("\n\n")[0],
                                         "default_config_files": [str(p) for p in defaults]})
 
@@ -108,6 +113,9 @@ class ViTCLI(LightningCLI):
                             help="seconds the processes of a multi-process run may wait for each other (at start "
                                  "and in every collective) before the run ends with exit 5 (a dead or "
                                  "desynchronised process)")
+        parser.add_argument("--stop_after_minutes", type=Optional[PositiveFloat], default=None,
+                            help="end this command in time for a wall-clock limit on it: at the end of the last "
+                                 "epoch that fits (exit 4); --ckpt_path last continues the run exactly")
         parser.link_arguments("model.arch.image_size", "data.init_args.image_size")
         parser.link_arguments("data.num_classes", "model.arch.num_classes", apply_on="instantiate")
 
@@ -119,7 +127,7 @@ class ViTCLI(LightningCLI):
         root = Path(cfg.trainer.default_root_dir or Path("runs") / recipe_name(self.argv))
         if self.mode == "test":
             if not cfg.ckpt_path or cfg.ckpt_path == "last":
-                raise ValueError("test needs --ckpt_path CKPT, the checkpoint file to evaluate")
+                raise ConfigError("test needs --ckpt_path CKPT, the checkpoint file to evaluate")
             ckpt = read_checkpoint(cfg.ckpt_path)
             hparams = {k: v for k, v in ckpt.get("hyper_parameters", {}).items() if not k.startswith("_")}
             self.config = cfg = self.parser.parse_object({"model": hparams}, cfg)  # the checkpoint's model
@@ -139,7 +147,8 @@ class ViTCLI(LightningCLI):
             rank_zero_info(note or f"run folder: {run}")
             self.take_allocation(cfg.trainer)
         os.environ[runs.ENV] = str(run)  # the processes Lightning's DDP launcher starts use this folder too
-        self.place_outputs(cfg, run)
+        wandb_id = self.resume[1].get("vit", {}).get("wandb_run_id") if self.resume else None
+        self.place_outputs(cfg, run, wandb_id)
 
     @staticmethod
     def take_allocation(trainer: Namespace) -> None:
@@ -159,10 +168,11 @@ class ViTCLI(LightningCLI):
         rank_zero_info(f"{launcher}: {devices} process(es) per node on {nodes} node(s)"
                        + (f" (the allocation's; the recipe's {' and '.join(overridden)} overridden)" if overridden else ""))
 
-    def _instantiate_trainer(self, config: dict, callbacks: list) -> L.Trainer:
+    def instantiate_trainer(self, **kwargs) -> L.Trainer:
         """The Trainer as configured, plus: DDP with the --ddp_timeout on its process group; under SLURM,
-        preemption handled by vit.callbacks.StopOnSignal (Lightning's handler deadlocks DDP, so it is
-        off); vit.callbacks.ProgressBar unless a bar is configured or the bar is off."""
+        Lightning's own preemption handler off (it deadlocks DDP: vit.callbacks.StopOnSignal handles
+        SIGUSR1); and the run's own callbacks (run_callbacks)."""
+        config = self.config_init.trainer
         devices, nodes = config.get("devices", "auto"), config.get("num_nodes", 1)
         count = devices if isinstance(devices, int) else len(devices) if isinstance(devices, list) else \
             int(devices) if str(devices).isdigit() else 1
@@ -170,15 +180,36 @@ class ViTCLI(LightningCLI):
         if strategy == "ddp" or (strategy == "auto" and count * nodes > 1):
             from lightning.pytorch.strategies import DDPStrategy
 
-            config["strategy"] = DDPStrategy(timeout=timedelta(seconds=self.config.ddp_timeout))
+            kwargs["strategy"] = DDPStrategy(timeout=timedelta(seconds=self.config.ddp_timeout))
         if runs.slurm_job():
             plugins = config.get("plugins") or []
-            config["plugins"] = [*(plugins if isinstance(plugins, list) else [plugins]),
+            kwargs["plugins"] = [*(plugins if isinstance(plugins, list) else [plugins]),
                                  SLURMEnvironment(auto_requeue=False)]
-        bars = [c for c in [*(config.get("callbacks") or []), *callbacks] if isinstance(c, LightningProgressBar)]
-        if config.get("enable_progress_bar") is not False and not bars:
-            callbacks = [*callbacks, ProgressBar()]
-        return super()._instantiate_trainer(config, [*callbacks, results.TrainingClock()])
+        configured = config.get("callbacks") or []
+        configured = configured if isinstance(configured, list) else [configured]
+        kwargs["callbacks"] = [*configured, *self.run_callbacks(config, configured)]
+        return super().instantiate_trainer(**kwargs)
+
+    def run_callbacks(self, config, configured: list) -> list[L.Callback]:
+        """Every run's own callbacks, attached here and nowhere else (a recipe lists only what it chooses:
+        checkpoints, throughput, W&B media, time to accuracy): exact resume (epoch seeds), the divergence
+        and preemption stops (looked at every log_every_n_steps steps), the run's clock and record, the
+        learning rate in the logs, --stop_after_minutes, and vit.callbacks.ProgressBar unless a bar is
+        configured or the bar is off."""
+        from lightning.pytorch.callbacks import LearningRateMonitor
+
+        from vit.callbacks import EpochSeed, StopOnNonFinite, StopOnSignal
+
+        every = config.get("log_every_n_steps") or 50
+        callbacks = [EpochSeed(), StopOnNonFinite(every), StopOnSignal(every), results.TrainingClock()]
+        if config.get("logger") not in (False, None, []):
+            callbacks.append(LearningRateMonitor("step"))
+        if config.get("enable_progress_bar") is not False and \
+                not any(isinstance(c, LightningProgressBar) for c in configured):
+            callbacks.append(ProgressBar())
+        if self.config.get("stop_after_minutes"):
+            callbacks.append(StopAfterMinutes(self.config.stop_after_minutes))
+        return callbacks
 
     def check_resumable(self, ckpt: dict) -> None:
         """A checkpoint whose model does not fit the command line: one line naming the differences."""
@@ -191,8 +222,9 @@ class ViTCLI(LightningCLI):
                                   f"this command line ({'; '.join(diff)})")
 
     @staticmethod
-    def place_outputs(cfg: Namespace, run: Path) -> None:
-        """Point the Trainer, every logger and every checkpoint callback without a folder at ``run``."""
+    def place_outputs(cfg: Namespace, run: Path, wandb_id: str | None) -> None:
+        """Point the Trainer, every logger and every checkpoint callback without a folder at ``run``; a
+        resumed run continues its W&B run (``wandb_id``)."""
         cfg.trainer.default_root_dir = str(run)
         loggers = cfg.trainer.logger
         for logger in loggers if isinstance(loggers, list) else [loggers]:
@@ -202,22 +234,21 @@ class ViTCLI(LightningCLI):
             init.save_dir = str(run)
             if logger.class_path.startswith("lightning.") and logger.class_path.endswith(("CSVLogger", "TensorBoardLogger")):
                 init.name, init.version = "", ""  # metrics straight into the run folder
-            elif logger.class_path.endswith("WandbLogger") and not init.get("name"):
-                init.name = f"{run.parent.name}/{run.name}"
+            elif logger.class_path.endswith("WandbLogger"):
+                init.name = init.get("name") or f"{run.parent.name}/{run.name}"
+                init.id = wandb_id or init.get("id")
         for callback in cfg.trainer.callbacks or []:
             if callback.class_path.endswith("ModelCheckpoint") and not callback.init_args.get("dirpath"):
                 callback.init_args.dirpath = str(run / runs.CHECKPOINTS)
 
-    def after_instantiate_classes(self):
-        if self.resume is not None:
-            run_id = self.resume[1].get("vit", {}).get("wandb_run_id")
-            for logger in self.trainer.loggers:
-                if run_id and isinstance(logger, WandbLogger):
-                    logger.resume(run_id)  # the resumed run continues its W&B run
-
     def fit(self) -> None:
         ckpt = str(self.resume[0]) if self.resume else None
         self.trainer.fit(self.model, datamodule=self.datamodule, ckpt_path=ckpt)
+        limit = next((cb for cb in self.trainer.callbacks if isinstance(cb, StopAfterMinutes)), None)
+        if limit is not None and limit.stopped_at is not None:
+            raise Stopped(f"stopped after epoch {limit.stopped_at}, in time for --stop_after_minutes "
+                          f"{self.config.stop_after_minutes:g}: continue the run with --ckpt_path last --run "
+                          f"{Path(self.trainer.default_root_dir).name}")
         if self.config.test_after_fit and not self.trainer.interrupted:
             callback = self.trainer.checkpoint_callback
             self.test(callback.best_model_path if callback and callback.best_model_path else None)
@@ -328,29 +359,26 @@ def main(argv: list[str] | None = None) -> int:
             cli.fit()
         else:
             cli.test(str(cli.resume[0]))
-    except (ArgumentError, DatasetError, ValueError, FileNotFoundError, MisconfigurationException,
-            CheckpointError) as e:
-        code, message = 2, condense(str(e))
-    except TrainingDiverged as e:
-        code, message = 3, str(e)
-    except Preempted as e:
-        code, message = 4, str(e)
+    except (exits.BadInput, ArgumentError, MisconfigurationException) as e:  # ours, jsonargparse's, Lightning's
+        code, message = exits.status_of(exits.BadInput()), condense(str(e))
+    except (exits.TrainingDiverged, exits.Stopped) as e:
+        code, message = exits.status_of(e), str(e)
     except RuntimeError as e:
         if not lost_contact(e):
-            raise
+            raise  # a bug: exit 1 with its traceback
         rank = rank_zero_only.rank  # every process says it: the one that failed may not be rank 0
         print(f"error: process {rank}: lost the other processes of this run ({first_line(e)}). One of them died "
               f"(see its own error above) or they issued different collectives; the run stopped instead of "
               f"waiting. Resume with --ckpt_path last; allow slower collectives with --ddp_timeout.",
               file=sys.stderr)
-        return 5
+        return exits.status_of(exits.LostProcesses())
     else:
         return 0
     finally:
         if not inherited:
             os.environ.pop(runs.ENV, None)
     if rank_zero_only.rank == 0:  # under DDP every process fails alike: say it once
-        print(f"{'stopped' if code == 4 else 'error'}: {message}", file=sys.stderr)
+        print(f"{'stopped' if code == exits.status_of(exits.Stopped()) else 'error'}: {message}", file=sys.stderr)
     for run in claimed:
         if run.is_dir() and not any(run.iterdir()):
             run.rmdir()  # a run that never started leaves no empty folder behind

@@ -1,0 +1,61 @@
+"""Exit statuses as code (vit.exits): README's table is the code's, --help shows it, and a bug — ours or
+a user's callback's, whatever its exception type — keeps its traceback (exit 1), never read as a bad input."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from test_train import QUIET, train
+from vit import exits
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_readme_exit_table_is_the_codes():
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- exits -->\n(.*?)<!-- /exits -->", text, re.S)
+    assert block and block.group(1) == exits.markdown()
+    assert [e.status for e in exits.EXITS] == [0, 1, 2, 3, 4, 5]
+
+
+def test_each_error_type_has_its_status_and_builtins_have_none():
+    assert exits.status_of(exits.ConfigError("x")) == exits.status_of(exits.DatasetError("x")) == 2
+    assert exits.status_of(exits.CheckpointError("x")) == exits.status_of(exits.RunError("x")) == 2
+    assert exits.status_of(exits.TrainingDiverged("x")) == 3
+    assert exits.status_of(exits.Preempted("x")) == exits.status_of(exits.Stopped("x")) == 4
+    assert exits.status_of(exits.LostProcesses("x")) == 5
+    for bug in (ValueError("x"), FileNotFoundError("x"), KeyError("x"), RuntimeError("x"), TypeError("x")):
+        assert exits.status_of(bug) is None
+
+
+def test_help_shows_the_exit_table(capsys):
+    from vit.commands.train import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--help"])
+    assert stop.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "exit status: 0 done 1 a bug" in out and "5 the processes of a multi-process run lost each other" in out
+
+
+@pytest.mark.parametrize("error", ["ValueError", "FileNotFoundError", "KeyError"])
+def test_a_users_callback_that_raises_mid_training_is_a_bug_with_its_traceback(tmp_path, fake_cifar_session, error):
+    proc = train(tmp_path, fake_cifar_session, "--trainer.callbacks+=callbacks.RaiseMidTraining",
+                 f"--trainer.callbacks.error={error}", "--trainer.logger", "false")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback (most recent call last)" in proc.stderr
+    assert re.search(r"callbacks\.py\", line \d+, in on_train_batch_end", proc.stderr)
+    assert f"{error}: " in proc.stderr and "a bug in the user's callback" in proc.stderr
+    assert not [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+
+
+def test_a_bad_value_is_still_exit_2_with_one_line(tmp_path, capsys, monkeypatch):
+    from vit.commands.train import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["--config", "smoke", "--model.lr", "-1", *QUIET]) == 2
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        'error: Parser key "model.lr": Not of type PositiveFloat: -1 does not conform to restriction v>0']
+    assert "Traceback" not in err

@@ -1,0 +1,85 @@
+"""`make figures`: README's tables are the rendering of the committed records, and every step of every
+plan runs at toy scale on CPU (--quick), a long run continued across commands."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vit import figures
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_figures(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
+    env.pop("WANDB_API_KEY", None)
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "figures.py"), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_readme_tables_are_the_rendering_of_the_committed_records():
+    text = (ROOT / "README.md").read_text()
+    assert figures.render(text, ROOT / "results", ROOT) == text, "run `make figures ARGS=--render`"
+    tables = set(figures.BLOCK.findall(text) and [m["table"] for m in figures.BLOCK.finditer(text)])
+    assert {"cpu", "gpu", "muon-horizon", "benchmark-cpu", "benchmark-gpu"} <= tables
+    records = sorted((ROOT / "results").glob("*/*.json"))
+    assert len(records) >= 3
+    for path in records:
+        record = json.loads(path.read_text())
+        assert record["commit"] and record["command"] and record["device"] and record["date"], path
+        assert f"]({path.relative_to(ROOT).as_posix()})" in text, f"{path} is not in README"
+        if "test_top1" in record:  # each figure of a run's row is in README as the record has it
+            assert f"**{record['test_top1']:.2f} %** ({record['test_top5']:.2f} %)" in text
+    assert run_figures("--check").returncode == 0
+
+
+def test_a_row_without_a_record_is_pending_and_paths_are_not_shown(tmp_path):
+    text = "a\n<!-- figures: gpu -->\nstale\n<!-- /figures -->\nb\n"
+    rendered = figures.render(text, tmp_path, tmp_path)
+    assert "stale" not in rendered and rendered.startswith("a\n") and rendered.endswith("<!-- /figures -->\nb\n")
+    assert rendered.count("| pending |") == 2 * 1 and "`--config vit_cifar10_fast`" in rendered
+    assert figures.shown_command("python scripts/train.py --config cpu --data.root /x/y --run a --trainer.default_root_dir "
+                                 "/r --ckpt_path last --stop_after_minutes 9 --seed_everything 1") == \
+        "--config cpu --seed_everything 1"
+    with pytest.raises(figures.FiguresError, match="no plan"):
+        figures.render("<!-- figures: nowhere -->\n<!-- /figures -->", tmp_path, tmp_path)
+
+
+def test_quick_runs_every_step_of_every_plan_and_continues_long_runs(tmp_path):
+    readme = tmp_path / "README.md"
+    blocks = "".join(f"<!-- figures: {t} -->\n<!-- /figures -->\n"
+                     for t in ("cpu", "gpu", "muon-horizon", "benchmark-cpu", "benchmark-gpu"))
+    readme.write_text(blocks)
+    common = ["--quick", "--results", str(tmp_path / "results"), "--readme", str(readme)]
+    # each command may last 0.3 minutes: every run stops after its first epoch (exit 4) and is continued
+    first = run_figures(*common, "--plan", "cpu", "--minutes", "0.3", "--max-commands", "1")
+    assert first.returncode == 4, first.stderr[-3000:]
+    assert "stopped after epoch 0, in time for --stop_after_minutes 0.3" in first.stderr
+    assert "run the same command again to continue" in first.stderr
+    assert not (tmp_path / "results" / "cpu").exists()
+    again = run_figures(*common, "--plan", "cpu", "--minutes", "0.3")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("--ckpt_path last") >= 3  # the smoke run continued, the cpu run started and continued
+    rest = run_figures(*common, "--plan", "gpu", "--plan", "muon-horizon")
+    assert rest.returncode == 0, rest.stderr[-3000:]
+    assert len(re.findall(r"\(core [01]\)", rest.stdout)) == 6  # the sitting's pairs, one core each
+    for plan in figures.PLANS.values():
+        for step in plan:
+            for job in step.jobs:
+                record = json.loads((tmp_path / "results" / job.table / f"{job.name}.json").read_text())
+                assert record["row"] == job.label and record["commit"]
+                if isinstance(job, figures.Run):
+                    assert record["epochs"] == 2 and 0 <= record["test_top1"] <= 100
+                    assert record["recipe"] == job.args[1]
+    smoke = json.loads((tmp_path / "results" / "cpu" / "01-smoke.json").read_text())
+    assert smoke["steps"] == 2 * 400 // 50  # the continued run did every step once
+    pinned = json.loads((tmp_path / "results" / "muon-horizon" / "muon-10min-s0.json").read_text())
+    assert pinned["torch_threads"] == 1 and pinned["cpu_cores"] == 1
+    text = readme.read_text()
+    assert "pending" not in text and text.count("](") == sum(len(s.jobs) for p in figures.PLANS.values() for s in p)
+    assert "time to 90 / 93 / 94 %" in text  # the fast recipe's TimeToAccuracy reached the record

@@ -1,0 +1,93 @@
+"""Exit statuses of ``vit-train``, and the project's error types behind them: one table, shown by
+``vit-train --help`` and held equal to README's by a test.
+
+A known bad input raises one of the ``BadInput`` types (exit 2, one line). Anything the project did not
+foresee — a bug of ours, of a user's callback or of a dataset, whatever its type — keeps its traceback
+(exit 1): no built-in exception type is ever read as a bad input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class BadInput(Exception):
+    """A bad input the user can correct; the message is the one line printed (exit 2)."""
+
+
+class ConfigError(BadInput, ValueError):
+    """A bad configuration value; the message names the field and what it accepts."""
+
+
+class DatasetError(BadInput):
+    """Missing or malformed data; the message names the file or folder and what was expected."""
+
+
+class CheckpointError(BadInput):
+    """A checkpoint that cannot be used: missing, corrupt, crafted, or a model that does not fit."""
+
+
+class RunError(BadInput, ValueError):
+    """A run folder that cannot be used as asked; the message says what to do instead."""
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradients became non-finite; the message says where and what to try (exit 3)."""
+
+
+class Stopped(RuntimeError):
+    """The run stopped before its end where it can resume; the message says from where (exit 4)."""
+
+
+class Preempted(Stopped):
+    """SLURM asked the job to stop (SIGUSR1 before a time limit or a preemption); the message says
+    whether the job was requeued and where it resumes."""
+
+
+class LostProcesses(RuntimeError):
+    """The processes of a multi-process run lost each other: a collective timed out or a peer died (exit 5)."""
+
+
+@dataclass(frozen=True)
+class Exit:
+    status: int
+    error: type[BaseException] | None
+    meaning: str
+
+
+EXITS = (
+    Exit(0, None, "done"),
+    Exit(1, None, "a bug (ours, a user's callback's, a dataset's): its traceback"),
+    Exit(2, BadInput, "one line on stderr: a bad configuration value, missing or malformed data, a checkpoint "
+                      "that cannot be used (missing, corrupt, crafted, or a model that does not fit the command "
+                      "line) — nothing in the run folder is overwritten"),
+    Exit(3, TrainingDiverged, "training diverged: the loss or the gradients became non-finite. One line gives the "
+                              "step, the epoch, the last finite loss and what to try; no checkpoint with non-finite "
+                              "weights is written (the last good `last.ckpt` and best checkpoint stay), no test is run"),
+    Exit(4, Stopped, "stopped before the end, where it resumes: preempted on SLURM (SIGUSR1: every process stops at "
+                     "the same step; `train.sbatch` requeues the job, which resumes from its `last.ckpt`), or "
+                     "`--stop_after_minutes` (continue with `--ckpt_path last`)"),
+    Exit(5, LostProcesses, "the processes of a multi-process run lost each other (one died, or a collective waited "
+                           "longer than `--ddp_timeout`): one line from each process"),
+)
+
+
+def status_of(error: BaseException) -> int | None:
+    """The exit status of a known error, None for anything else (a bug: exit 1 with its traceback)."""
+    return next((e.status for e in EXITS if e.error is not None and isinstance(error, e.error)), None)
+
+
+def markdown() -> str:
+    """README's exit table."""
+    rows = [f"| {e.status} | {e.meaning} |" for e in EXITS]
+    return "\n".join(["| status | meaning |", "| --- | --- |", *rows]) + "\n"
+
+
+def text() -> str:
+    """The table for --help."""
+    import re
+    import textwrap
+
+    plain = [f"{e.status}  " + textwrap.fill(re.sub(r"`([^`]*)`", r"\1", e.meaning), 96,
+                                               subsequent_indent="   ") for e in EXITS]
+    return "exit status:\n" + "\n".join(plain)

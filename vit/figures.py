@@ -1,0 +1,335 @@
+"""README's measured figures: the runs that measure them on the machine at hand (``make figures``), the
+records they leave in ``results/``, and README's tables rendered from those records.
+
+A plan is a list of steps; a step is one training run (``vit-train``, continued across commands of at
+most ``minutes`` each through ``--stop_after_minutes`` and ``--ckpt_path last``), several training runs
+at once (one pinned CPU core each, so that they share the machine alike), or one benchmark. Each step's
+record (the run's ``results.json``, the benchmark's JSON) is copied to ``results/<table>/<name>.json``
+with its row's label; README's blocks ``<!-- figures: TABLE -->`` … ``<!-- /figures -->`` are rendered
+from those files, and a row without a record says "pending".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vit import results
+
+REPO = results.REPO
+STOPPED = 4  # vit-train's exit status for a run that stopped where it resumes
+
+
+class FiguresError(RuntimeError):
+    """A step failed or README cannot be rendered; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training run: ``vit-train`` with ``args``; its record becomes the row ``label`` of ``table``."""
+
+    table: str
+    name: str
+    label: str
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One ``vit-benchmark`` with ``args``: its report is the record of README's benchmark table ``table``."""
+
+    table: str
+    name: str
+    label: str
+    args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Step:
+    """What runs at once: one Run or Benchmark, or several Runs pinned one per CPU core."""
+
+    jobs: tuple[Run | Benchmark, ...]
+
+
+def _pairs(minutes: int, seed: int, adamw_core: int) -> Step:
+    budget = ("--trainer.max_time", f"00:00:{minutes:02d}:00", "--seed_everything", str(seed))
+    runs = {opt: Run("muon-horizon", f"{opt}-{minutes}min-s{seed}",
+                     f"{'AdamW' if opt == 'adamw' else 'Muon'}, {minutes} min, seed {seed}",
+                     ("--config", "cpu", *budget, "--model.optimizer", opt)) for opt in ("adamw", "muon")}
+    return Step((runs["adamw"], runs["muon"]) if adamw_core == 0 else (runs["muon"], runs["adamw"]))
+
+
+PLANS: dict[str, list[Step]] = {
+    # make figures on a machine without a GPU
+    "cpu": [Step((Run("cpu", "01-smoke", "smoke recipe", ("--config", "smoke")),)),
+            Step((Run("cpu", "02-cpu", "cpu recipe (10 minutes)", ("--config", "cpu")),)),
+            Step((Benchmark("benchmark-cpu", "cpu", "CPU benchmark"),))],
+    # make figures on a GPU: time to 94 % and the default recipe first
+    "gpu": [Step((Run("gpu", "01-vit_cifar10_fast", "vit_cifar10_fast (time to accuracy)",
+                      ("--config", "vit_cifar10_fast")),)),
+            Step((Run("gpu", "02-vit_cifar10", "vit_cifar10, the default recipe (100 epochs)",
+                      ("--config", "vit_cifar10")),)),
+            Step((Benchmark("benchmark-gpu", "gpu", "GPU benchmark, eager"),)),
+            Step((Benchmark("benchmark-gpu", "gpu-compiled", "GPU benchmark, torch.compile",
+                            ("--sections", "model,step", "--compile")),))],
+    # AdamW against Muon at the cpu recipe's shape over a short and a 3× longer budget, both at once
+    "muon-horizon": [_pairs(10, 0, 0), _pairs(30, 0, 1), _pairs(10, 1, 1)],
+}
+
+# --quick: every step of every plan at toy scale on CPU, on generated data
+QUICK_TRAIN = ("--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2",
+               "--model.compile", "false", "--trainer.accelerator", "cpu", "--trainer.precision", "32-true",
+               "--trainer.max_epochs", "2", "--trainer.max_time", "null", "--data.batch_size", "50",
+               "--data.val_size", "100", "--data.num_workers", "0", "--data.auto_augment", "null")
+QUICK_BENCH = ("--quick", "--device", "cpu", "--sections", "model,step")  # (test_benchmark runs every section)
+
+
+def default_plan() -> str:
+    import torch
+
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+# --- running -----------------------------------------------------------------------------------------
+@dataclass
+class Runner:
+    data_root: Path
+    runs_root: Path
+    results_dir: Path
+    minutes: float = 9.0
+    quick: bool = False
+    max_commands: int | None = None  # stop after this many commands (a lease of a few commands)
+    commands: int = field(default=0)
+
+    def record_path(self, job: Run | Benchmark) -> Path:
+        return self.results_dir / job.table / f"{job.name}.json"
+
+    def train_command(self, job: Run) -> list[str]:
+        return [sys.executable, str(REPO / "scripts" / "train.py"), *job.args, "--data.root", str(self.data_root),
+                "--trainer.default_root_dir", str(self.runs_root / job.table), "--run", job.name,
+                "--ckpt_path", "last", "--stop_after_minutes", f"{self.minutes:g}",
+                *(QUICK_TRAIN if self.quick else ())]
+
+    def run_step(self, step: Step) -> bool:
+        """Run the step's jobs to their end (False: stopped for --max-commands; run again to continue)."""
+        todo = [job for job in step.jobs if not self.record_path(job).is_file()]
+        while todo:
+            if self.max_commands is not None and self.commands >= self.max_commands:
+                return False
+            self.commands += 1
+            if isinstance(todo[0], Benchmark):
+                self.benchmark(todo.pop(0))
+                continue
+            codes = self.train_at_once(todo)
+            for job, code in zip(list(todo), codes):
+                if code == 0:
+                    self.collect(self.runs_root / job.table / job.name / results.FILE, job)
+                    todo.remove(job)
+                elif code != STOPPED:
+                    raise FiguresError(f"{job.table}/{job.name}: vit-train exited {code} (its output is above)")
+        return True
+
+    def train_at_once(self, jobs: list[Run]) -> list[int]:
+        """Each job as one command of at most ``minutes``; several at once get one CPU core and one
+        thread each."""
+        pinned = len(jobs) > 1
+        procs = []
+        for core, job in enumerate(jobs):
+            command = self.train_command(job)
+            print(f"[figures] {shlex.join(command[1:])}" + (f"   (core {core})" if pinned else ""), flush=True)
+            env = {**os.environ, **({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"} if pinned else {})}
+            affinity = (lambda c=core: os.sched_setaffinity(0, {c})) if pinned else None
+            procs.append(subprocess.Popen(command, env=env, preexec_fn=affinity, cwd=REPO))
+        return [p.wait() for p in procs]
+
+    def benchmark(self, job: Benchmark) -> None:
+        out = self.runs_root / job.table / f"{job.name}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, str(REPO / "scripts" / "benchmark.py"), *(QUICK_BENCH if self.quick else job.args),
+                   "--output", str(out)]
+        print(f"[figures] {shlex.join(command[1:])}", flush=True)
+        code = subprocess.run(command, cwd=REPO).returncode
+        if code:
+            raise FiguresError(f"{job.table}/{job.name}: vit-benchmark exited {code} (its output is above)")
+        self.collect(out, job)
+
+    def collect(self, record: Path, job: Run | Benchmark) -> Path:
+        path = self.record_path(job)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"row": job.label, **results.read(record)}, indent=2) + "\n")
+        print(f"[figures] record: {path}", flush=True)
+        return path
+
+
+def make_quick_data(root: Path) -> Path:
+    """A small CIFAR-10 in the official format (a learnable task: each class has its colour), for --quick."""
+    import pickle
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    colours = rng.integers(30, 226, size=(10, 3))
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True, exist_ok=True)
+    names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+    for name, n in [*((f"data_batch_{i}", 100) for i in range(1, 6)), ("test_batch", 200)]:
+        labels = rng.integers(0, 10, size=n)
+        images = np.clip(colours[labels][:, :, None, None] + rng.normal(0, 30, (n, 3, 32, 32)), 0, 255)
+        with open(folder / name, "wb") as f:
+            pickle.dump({b"batch_label": name.encode(), b"labels": labels.tolist(), b"filenames":
+                         [f"{name}_{i:05d}.png".encode() for i in range(n)],
+                         b"data": images.astype(np.uint8).reshape(n, 3072)}, f, protocol=2)
+    with open(folder / "batches.meta", "wb") as f:
+        pickle.dump({b"label_names": [c.encode() for c in names], b"num_cases_per_batch": 100, b"num_vis": 3072}, f)
+    return root
+
+
+def measure(plans: list[str], runner: Runner) -> bool:
+    """Run the plans' steps in order (True: all done; False: stopped by --max-commands)."""
+    for plan in plans:
+        for step in PLANS[plan]:
+            if not runner.run_step(step):
+                return False
+    return True
+
+
+# --- rendering ---------------------------------------------------------------------------------------
+BLOCK = re.compile(r"(<!-- figures: (?P<table>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures -->)", re.S)
+HIDDEN = {"--data.root", "--trainer.default_root_dir", "--run", "--ckpt_path", "--stop_after_minutes"}
+
+
+def jobs_of(table: str) -> list[Run | Benchmark]:
+    """The table's rows in plan order (the jobs of a step that run at once: by name)."""
+    return [job for steps in PLANS.values() for step in steps
+            for job in sorted(step.jobs, key=lambda j: j.name) if job.table == table]
+
+
+def shown_command(command: str) -> str:
+    """The recorded command without what only places files (data root, run folder, chunking)."""
+    words, shown, skip = shlex.split(command), [], False
+    for word in words[2 if words[:1] == ["python"] else 1:]:
+        if skip:
+            skip = False
+        elif word in HIDDEN:
+            skip = True
+        else:
+            shown.append(word)
+    return shlex.join(shown)
+
+
+def _device(r: dict) -> str:
+    if r.get("device") != r.get("cpu"):
+        return f"{r['device_count']}× {r['device']}"
+    threads = r.get("torch_threads")
+    return f"{r['cpu']}, {threads} thread{'s' * (threads != 1)}" if threads else r["cpu"]
+
+
+def _provenance(path: Path, r: dict, base: Path) -> str:
+    commit = (r.get("commit") or "no commit")[:7] + ("+dirty" if r.get("dirty") else "")
+    return f"[{path.stem}]({Path(os.path.relpath(path, base)).as_posix()}) `{commit}` {r['date'][:10]}"
+
+
+def render_runs(table: str, results_dir: Path, base: Path) -> str:
+    jobs = jobs_of(table)
+    records = {job.name: (results_dir / table / f"{job.name}.json") for job in jobs}
+    present = {name: results.read(p) for name, p in records.items() if p.is_file()}
+    timed = any("time_to_val_acc" in r for r in present.values())
+    head = ["run", "command", "device", "epochs", "training", "best val", "test top-1 (top-5)", "train img/s"]
+    head += ["time to 90 / 93 / 94 %"] if timed else []
+    lines = ["| " + " | ".join(head + ["record"]) + " |", "|" + " --- |" * (len(head) + 1)]
+    for job in jobs:
+        r = present.get(job.name)
+        if r is None:
+            cells = [job.label, f"`{shlex.join(job.args)}`"] + ["pending"] * (len(head) - 2) + ["—"]
+        else:
+            reached = r.get("time_to_val_acc", {})
+            cells = [r.get("row", job.label), f"`{shown_command(r['command'])}`", _device(r), f"{r['epochs']:g}",
+                     f"{r['training_seconds'] / 60:.1f} min", f"{r['best_val_acc']:.2f} %",
+                     f"**{r['test_top1']:.2f} %** ({r['test_top5']:.2f} %)", f"{r['train_images_per_second']:,.0f}"]
+            cells += [" / ".join(f"{reached[t]:.0f} s" if t in reached else "—" for t in ("0.90", "0.93", "0.94"))] \
+                if timed else []
+            cells.append(_provenance(records[job.name], r, base))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _bench_rows(r: dict) -> list[list[str]]:
+    """(what, ours, reference, ratio, target) rows of one benchmark report."""
+    def n(x, digits=0):
+        return f"{x:,.{digits}f}" if x >= 100 or digits == 0 else f"{x:.{digits}g}"
+
+    rows = []
+    for m in r.get("model", []):
+        what = f"{m['preset']}, batch {m['batch_size']}, {m['dtype']}" + (", compiled" if m.get("compiled") else "")
+        for mode, name in (("train", "train step"), ("infer", "inference")):
+            rows.append([f"{name}, {what} (img/s)", n(m[f"{mode}_img_s_ours"]), f"timm {n(m[f'{mode}_img_s_timm'])}",
+                         f"**{m[f'{mode}_ratio']:.2f}**", "≥ 1.0"])
+            if f"{mode}_peak_MiB_ours" in m:
+                rows.append([f"{name} peak memory, {what} (MiB)", n(m[f"{mode}_peak_MiB_ours"]),
+                             f"timm {n(m[f'{mode}_peak_MiB_timm'])}",
+                             f"{m[f'{mode}_peak_MiB_ours'] / m[f'{mode}_peak_MiB_timm']:.2f}", "≤ 1.0"])
+    for e in r.get("patch_embedding", []):
+        rows.append([f"patch embedding E fwd+bwd, {e['preset']} (img/s)", f"{n(e['img_s_ours'])} (patchify + Linear)",
+                     f"{n(e['img_s_conv'])} (timm strided conv)", f"**{e['ratio']:.2f}**", "≥ 1.0"])
+    for d in r.get("data", []):
+        rows.append(["data path: crop + flip + normalise (img/s)", f"{n(d['img_s_ours_device'])} (device path)",
+                     f"{n(d['img_s_torchvision'])} (torchvision + PIL, DataLoader)",
+                     f"**{d['ratio_device_vs_torchvision']:.1f}**", "≥ 5"])
+        rows.append(["data path, our worker path (img/s)", n(d["img_s_ours_workers"]), n(d["img_s_torchvision"]),
+                     f"{d['ratio_workers_vs_torchvision']:.2f}", "—"])
+    for s in r.get("step", []):
+        mfu = f", MFU {100 * s['mfu']:.1f} %" if s.get("mfu") else ""
+        rows.append([f"whole training step, {s['preset']}, batch {s['batch_size']}, {s['dtype']}"
+                     + (", compiled" if s.get("compiled") else "") + " (img/s)",
+                     f"{n(s['img_s'])} ({s['achieved_tflops']:.3g} TFLOP/s{mfu})", "—", "—", "—"])
+    if "classify" in r:
+        c = r["classify"]
+        rows.append([f"classify {c['images']:,} photos, {c['workers']} decoding workers vs the main process (img/s)",
+                     n(c["img_s_workers"]), n(c["img_s_one_process"]), f"**{c['ratio']:.2f}**", "≥ 1.6"])
+    if "startup" in r:
+        s = r["startup"]
+        rows.append(["classify one image from the shell (s)", f"{s['s_classify']:.2f}",
+                     f"`import torch, torchvision` {s['s_import']:.2f}", f"**{s['ratio']:.2f}**", "≤ 1.5"])
+    return rows
+
+
+def render_benchmark(table: str, results_dir: Path, base: Path) -> str:
+    lines = []
+    for job in jobs_of(table):
+        path = results_dir / table / f"{job.name}.json"
+        if not path.is_file():
+            lines.append(f"*{job.label}*: pending (`{shlex.join(['scripts/benchmark.py', *job.args])}` "
+                         f"on such a machine; none was lent).\n")
+            continue
+        r = results.read(path)
+        lines.append(f"*{r.get('row', job.label)}*: {_device(r)}, torch {r['versions']['torch']}, "
+                     f"`{shown_command(r['command'])}`, record {_provenance(path, r, base)}.\n")
+        lines.append("| what | ours | reference | ratio | target |\n| --- | --- | --- | --- | --- |")
+        lines += ["| " + " | ".join(row) + " |" for row in _bench_rows(r)]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def render(text: str, results_dir: Path, base: Path) -> str:
+    """README's text with every figures block rendered from the records in ``results_dir``."""
+    def block(m: re.Match) -> str:
+        table = m["table"]
+        if not jobs_of(table):
+            raise FiguresError(f"README names a figures table {table!r} that no plan measures")
+        body = render_benchmark(table, results_dir, base) if table.startswith("benchmark") else \
+            render_runs(table, results_dir, base)
+        return m.group(1) + body + m.group(4)
+
+    return BLOCK.sub(block, text)
+
+
+def quick_dirs() -> tuple[Path, Path]:
+    tmp = Path(tempfile.mkdtemp(prefix="vit-figures-"))
+    return make_quick_data(tmp / "data"), tmp / "runs"

@@ -1,0 +1,19 @@
+"""Every private name of another library this package uses, each with why no public API does the job.
+pyproject bounds those libraries to the major versions the tests ran with (lightning < 3, wandb < 1,
+timm < 2); tests/test_private_api.py finds every private attribute the package reads from a library
+and fails on one that is not listed here, or on an entry whose use is gone."""
+
+PRIVATE_USES = (
+    # (file, what, why)
+    ("vit/callbacks.py", "_logger_connector", "ProgressBar shows trainer._logger_connector._progress_bar_metrics, "
+     "the values every rank has already computed: the public trainer.progress_bar_metrics computes them, a synced "
+     "metric's all-gather that rank zero alone would issue (a DDP deadlock)"),
+    ("vit/loggers.py", "_wandb_init", "WandbLogger drops the 'anonymous' entry Lightning always passes to "
+     "wandb.init, of which wandb warns that it has no effect; no constructor argument leaves it out"),
+    ("vit/loggers.py", "_fs", "CSVLogger appends to a resumed run's metrics.csv: Lightning's ExperimentWriter "
+     "deletes an existing file (its _check_log_dir_exists, overridden) and has no option to keep it"),
+    ("vit/data.py", "lightning.pytorch.overrides.distributed", "UnrepeatedDistributedSampler: under DDP each "
+     "validation and test image counts once (no padding); Lightning's own sampler, in a module it does not document"),
+    ("vit/benchmark.py", "_check_integrity", "the benchmark's torchvision CIFAR10 reads generated files whose md5s "
+     "are not the official ones (with _load_meta, overridden); benchmark only"),
+)
