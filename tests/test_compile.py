@@ -1,9 +1,18 @@
-"""torch.compile gives the same model: compiled and eager logits agree."""
+"""torch.compile gives the same model, and the GPU recipe's compiled paths run where CI can (CPU: inductor,
+bf16 autocast): vit_cifar10_fast compiled through its 16-, 24- and 32-px stages with one compilation per
+image size, equal to eager; and as a user runs it, in bf16-mixed with Muon and the device data path."""
+
+import json
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import vit
+from test_train import QUIET, ROOT, TEST_LINE, load
 
 
 def _can_compile() -> str | None:
@@ -14,7 +23,11 @@ def _can_compile() -> str | None:
     return None
 
 
-@pytest.mark.skipif(_can_compile() is not None, reason=str(_can_compile()))
+needs_compile = pytest.mark.skipif(_can_compile() is not None, reason=str(_can_compile()))
+TINY = ["--model.arch.dim", "16", "--model.arch.depth", "2", "--model.arch.heads", "2", "--trainer.accelerator", "cpu"]
+
+
+@needs_compile
 def test_compiled_and_eager_logits_agree():
     torch.manual_seed(0)
     model = vit.VisionTransformer(vit.ViTConfig(image_size=16, patch_size=4, dim=32, depth=2, heads=2)).eval()
@@ -26,3 +39,62 @@ def test_compiled_and_eager_logits_agree():
     torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)
     assert set(model.state_dict()) == set(vit.VisionTransformer(vit.ViTConfig(image_size=16, patch_size=4, dim=32, depth=2,
                                                                  heads=2)).state_dict())  # same keys
+
+
+@needs_compile
+def test_fast_recipe_compiles_once_per_image_size_and_equals_eager(tmp_path, fake_cifar_session, monkeypatch):
+    """8 steps of vit_cifar10_fast in fp32: 2 at 16 px, 2 at 24 px, 4 at 32 px, then validation. The
+    compiled run (inductor's random ops as eager's, so that token dropping, stochastic depth and
+    Mixup/CutMix draw alike) ends with the eager run's weights; dynamo compiles the model once per
+    image size and once for evaluation."""
+    import torch._dynamo
+    import torch._inductor.config
+
+    from vit.commands.train import main
+
+    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
+    weights = {}
+    for compiled in (False, True):
+        monkeypatch.chdir(tmp_path)
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        code = main(["--config", "vit_cifar10_fast", *TINY, "--trainer.precision", "32-true",
+                     "--model.compile", str(compiled).lower(), "--data.root", str(fake_cifar_session),
+                     "--data.val_size", "100", "--data.num_workers", "0", "--data.batch_size", "50",
+                     "--trainer.max_steps", "8", "--trainer.num_sanity_val_steps", "0", "--trainer.logger", "false",
+                     "--test_after_fit", "false", "--run", f"compiled-{compiled}", *QUIET])
+        assert code == 0
+        frames = dict(torch._dynamo.utils.counters["frames"])
+        weights[compiled] = load(tmp_path / "runs" / "vit_cifar10_fast" / f"compiled-{compiled}" / "checkpoints" /
+                                 "last.ckpt")["state_dict"]
+    assert frames.get("ok", 0) >= 4, frames  # it did compile: 3 training sizes and evaluation
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert graphs <= 2 * 3 + 1, f"{graphs} graphs for 3 image sizes and evaluation (E_pos's resampling splits one)"
+    assert frames.get("ok", 0) <= 2 * 3 + 1 + 2, frames
+    for key, eager in weights[False].items():
+        torch.testing.assert_close(weights[True][key], eager, rtol=1e-4, atol=1e-5, msg=key)
+
+
+@needs_compile
+def test_fast_recipe_as_a_user_runs_it_bf16_compiled_with_muon(tmp_path, fake_cifar_session):
+    """`train.py --config vit_cifar10_fast` with the recipe's own settings — bf16-mixed, torch.compile, Muon,
+    the device data path, 16/24/32-px stages, time to accuracy — at a small width on CPU."""
+    env = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
+    env.pop("WANDB_MODE", None)
+    env.pop("WANDB_API_KEY", None)
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--config", "vit_cifar10_fast", *TINY,
+                           "--data.root", str(fake_cifar_session), "--data.val_size", "100", "--data.num_workers", "0",
+                           "--data.batch_size", "50", "--trainer.max_epochs", "2"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stderr + proc.stdout
+    switches = [int(s) for s in re.findall(r"step (\d+): training on (?:24|32)-px images", out)]
+    assert "step 0: training on 16-px images" in out and len(switches) == 2 and switches[0] < switches[1]
+    run = tmp_path / "runs" / "vit_cifar10_fast" / "version_0"
+    config = (run / "config.yaml").read_text()
+    for setting in ("precision: bf16-mixed", "compile: true", "optimizer: muon", "pipeline: device"):
+        assert setting in config, setting
+    record = json.loads((run / "results.json").read_text())
+    assert record["test_top1"] == float(re.search(TEST_LINE, out).group(3))
+    assert "time_to_val_acc" in record and record["steps"] == 2 * 400 // 50
+    assert all(torch.isfinite(w).all() for w in load(run / "checkpoints" / "last.ckpt")["state_dict"].values())

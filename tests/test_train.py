@@ -388,12 +388,12 @@ def test_time_budget_schedule_ends_at_min_lr(tmp_path, fake_cifar_session):
 
 def test_without_a_gpu_the_default_is_the_cpu_recipe(tmp_path, fake_cifar_session):
     """`make train` on a machine without a GPU, with what a user gets (progress lines, W&B offline): the cpu
-    recipe, Muon and its first resize stage included."""
-    env = {**os.environ, "WANDB_SILENT": "true"}
-    for key in ("VIT_ASSUME_GPU", "WANDB_MODE", "WANDB_API_KEY"):
+    recipe, Muon and its first resize stage included; its output, read as a log file, is plain text."""
+    env = dict(os.environ)
+    for key in ("VIT_ASSUME_GPU", "WANDB_MODE", "WANDB_API_KEY", "WANDB_SILENT"):
         env.pop(key, None)
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--data.root", str(fake_cifar_session),
-                           "--trainer.max_time", "00:00:00:03", "--test_after_fit", "false"],
+                           "--trainer.max_time", "00:00:00:03"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert ("no GPU here: the default recipe vit_cifar10 is a GPU recipe (100 epochs, bf16), so this runs the cpu "
@@ -401,3 +401,17 @@ def test_without_a_gpu_the_default_is_the_cpu_recipe(tmp_path, fake_cifar_sessio
     assert "step 0: training on 16-px images (16 patch tokens)" in proc.stderr and "logging offline" in proc.stderr
     config = (tmp_path / "runs" / "cpu" / "version_0" / "config.yaml").read_text()
     assert "pipeline: device" in config and "max_time: 00:00:00:03" in config and "optimizer: muon" in config
+    out = proc.stdout + proc.stderr
+    assert "\x1b[" not in out  # no terminal colour codes in a log (wandb's closing lines included)
+    assert "wandb sync runs/cpu/version_0/wandb/offline-run-" in out
+    for noise in ("Loading `train_dataloader` to estimate", "Trainer already configured", "| FLOPs"):
+        assert noise not in out, noise
+    flops = re.search(r"([\d.]+) M\s+Total Flops", out)  # the notes' count of the cpu recipe's model, not 0
+    assert flops and float(flops.group(1)) == pytest.approx(flops_per_image_of_cpu_recipe() / 1e6, abs=0.1)
+    assert re.search(TEST_LINE, out) and (tmp_path / "runs" / "cpu" / "version_0" / "results.json").is_file()
+
+
+def flops_per_image_of_cpu_recipe() -> int:
+    from vit.model import ViTConfig, flops_per_image
+
+    return flops_per_image(ViTConfig(dim=64, depth=4, heads=4, mlp_ratio=2.0))

@@ -12,6 +12,7 @@ import time
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelSummary as LightningModelSummary
 from lightning.pytorch.callbacks import ThroughputMonitor, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.progress_bar import get_standard_metrics
 from lightning.pytorch.cli import SaveConfigCallback
@@ -249,6 +250,25 @@ class Throughput(ThroughputMonitor):
 
     def __init__(self, window_size: int = 100):
         super().__init__(batch_size_fn=batch_size, window_size=window_size)
+
+
+class ModelSummary(LightningModelSummary):
+    """Lightning's model summary without its FLOPs column, which counts only with an example input and
+    shows 0 here; the notes' analytic count (vit.model.flops_per_image) is its total instead."""
+
+    def on_fit_start(self, trainer, pl_module):
+        from vit.model import flops_per_image
+
+        self.flops = flops_per_image(pl_module.model.config)
+        super().on_fit_start(trainer, pl_module)
+
+    def summarize(self, summary_data, total_parameters, trainable_parameters, model_size, total_training_modes,
+                  total_flops, **kwargs) -> None:
+        data = [column for column in summary_data if column[0] != "FLOPs"]
+        super().summarize(data, total_parameters, trainable_parameters, model_size, total_training_modes,
+                          self.flops, **kwargs)
+        rank_zero_info("(Total Flops: of one image's forward pass at full size, the notes' count; a training "
+                       "step costs 3× that per image)")
 
 
 class LogConfig(SaveConfigCallback):

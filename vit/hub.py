@@ -54,11 +54,11 @@ def resolve(spec: str) -> Path:
 
 
 def load_timm_folder(spec: str):
-    """A timm Hub folder of a plain ViT (ours exported, or any such timm model) → a Classifier."""
+    """A timm Hub folder of a plain ViT (ours exported, or any such timm model) → (model, Metadata), which
+    vit.inference.load_classifier makes a Classifier."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from vit.inference import Classifier
     from vit.model import VisionTransformer, timm_state_dict_to_vit, vit_config_from_timm
     from vit.preprocessing import Metadata
 
@@ -83,7 +83,7 @@ def load_timm_folder(spec: str):
         model.load_state_dict(timm_state_dict_to_vit(state))
     except (TypeError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"{spec}: incompatible: {' '.join(str(e).split())[:400]}") from None
-    return Classifier(model, meta)
+    return model, meta
 
 
 def measured_accuracy(run: Path | None) -> tuple[float, float] | None:

@@ -67,7 +67,7 @@ def load_classifier(path: str | Path) -> Classifier:
     if str(path).startswith(("local-dir:", "hf-hub:")):
         from vit.hub import load_timm_folder
 
-        return load_timm_folder(str(path))
+        return Classifier(*load_timm_folder(str(path)))
     path = Path(path)
     if path.suffix == ".safetensors":
         return _load_export(path)

@@ -15,14 +15,18 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_info
 
 
-class _NoTips(logging.Filter):
-    """Drop Lightning's advertisement printed by every Trainer ("💡 Tip: ... litlogger ...")."""
+class _NoNoise(logging.Filter):
+    """Drop Lightning's advertisement printed by every Trainer ("💡 Tip: ... litlogger ...") and its note
+    on how it counts the steps of the schedule, which say nothing a user can act on."""
+
+    NOISE = ("💡 Tip", "Loading `train_dataloader` to estimate number of stepping batches",
+             "Trainer already configured with model summary callbacks")  # (ours: vit.callbacks.ModelSummary)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("💡 Tip")
+        return not str(record.msg).startswith(self.NOISE)
 
 
-logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoTips())
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoNoise())
 
 
 def wandb_credentials_present() -> bool:

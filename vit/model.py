@@ -173,6 +173,16 @@ class Block(nn.Module):
         return x, attn
 
 
+@torch.compiler.disable
+def resample_pos_embedding(pos_embedding: torch.Tensor, new_grid: tuple[int, int], grid: tuple[int, int]) -> torch.Tensor:
+    """E_pos (1×(1+N)×D) resampled to another patch grid, [cls] kept: timm's ``resample_abs_pos_embed``
+    (antialiased bicubic). Run eagerly inside a compiled model: inductor (torch 2.14) fails on the backward
+    of antialiased bicubic upsampling ("isIntList() INTERNAL ASSERT FAILED"), and this op is tiny."""
+    from timm.layers import resample_abs_pos_embed  # (imported only then: classify stays light)
+
+    return resample_abs_pos_embed(pos_embedding, list(new_grid), list(grid), num_prefix_tokens=1)
+
+
 class VisionTransformer(nn.Module):
     """ViT: logits = head(LN(Encoder([x_cls; x_p E] + E_pos))[cls])."""
 
@@ -214,9 +224,7 @@ class VisionTransformer(nn.Module):
         grid = self.config.image_size // self.config.patch_size
         if (rows, cols) == (grid, grid):
             return self.pos_embedding
-        from timm.layers import resample_abs_pos_embed  # (imported only then: classify stays light)
-
-        return resample_abs_pos_embed(self.pos_embedding, [rows, cols], [grid, grid], num_prefix_tokens=1)
+        return resample_pos_embedding(self.pos_embedding, (rows, cols), (grid, grid))
 
     def no_weight_decay(self) -> set[str]:
         """Parameters AdamW must not decay: norms, biases, E_pos and [cls] (timm's convention)."""

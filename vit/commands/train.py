@@ -23,6 +23,7 @@ import lightning as L
 from jsonargparse import ActionConfigFile, ArgumentError, DefaultHelpFormatter, Namespace
 from jsonargparse.typing import PositiveFloat, PositiveInt
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.callbacks import ModelSummary as LightningModelSummary
 from lightning.pytorch.callbacks import ProgressBar as LightningProgressBar
 from lightning.pytorch.plugins.environments import LightningEnvironment, SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
@@ -30,7 +31,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from vit import configs, results, runs
 from vit import exits
-from vit.callbacks import LogConfig, ProgressBar, StopAfterMinutes, TimeToAccuracy
+from vit.callbacks import LogConfig, ModelSummary, ProgressBar, StopAfterMinutes, TimeToAccuracy
 from vit.checkpoints import read_checkpoint
 from vit.exits import CheckpointError, ConfigError, Stopped
 from vit.loggers import WandbLogger
@@ -194,19 +195,22 @@ class ViTCLI(LightningCLI):
         """Every run's own callbacks, attached here and nowhere else (a recipe lists only what it chooses:
         checkpoints, throughput, W&B media, time to accuracy): exact resume (epoch seeds), the divergence
         and preemption stops (looked at every log_every_n_steps steps), the run's clock and record, the
-        learning rate in the logs, --stop_after_minutes, and vit.callbacks.ProgressBar unless a bar is
-        configured or the bar is off."""
+        learning rate in the logs, --stop_after_minutes, and vit.callbacks.ProgressBar and ModelSummary
+        unless one is configured or turned off."""
         from lightning.pytorch.callbacks import LearningRateMonitor
 
         from vit.callbacks import EpochSeed, StopOnNonFinite, StopOnSignal
 
         every = config.get("log_every_n_steps") or 50
         callbacks = [EpochSeed(), StopOnNonFinite(every), StopOnSignal(every), results.TrainingClock()]
-        if config.get("logger") not in (False, None, []):
+        if config.get("logger", True) not in (False, []):
             callbacks.append(LearningRateMonitor("step"))
         if config.get("enable_progress_bar") is not False and \
                 not any(isinstance(c, LightningProgressBar) for c in configured):
             callbacks.append(ProgressBar())
+        if config.get("enable_model_summary") is not False and \
+                not any(isinstance(c, LightningModelSummary) for c in configured):
+            callbacks.append(ModelSummary())
         if self.config.get("stop_after_minutes"):
             callbacks.append(StopAfterMinutes(self.config.stop_after_minutes))
         return callbacks
@@ -348,11 +352,22 @@ def lost_contact(e: RuntimeError) -> bool:
                                                              "connection reset by peer", "broken pipe"))
 
 
+def end_wandb_run(code: int) -> None:
+    """End the W&B run here rather than in wandb's exit hook, whose closing lines reach a log file with
+    terminal colour codes; wandb.finish() writes them plainly when the output is not a terminal."""
+    if "wandb" in sys.modules:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish(exit_code=code)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     mode = argv.pop(0) if argv and argv[0] in MODES else "fit"
     claimed: list[Path] = []  # a run folder this process created
     inherited = runs.ENV in os.environ  # set by the process that launched this one (DDP)
+    code = 1  # a bug, unless the run ends otherwise below
     try:
         cli = ViTCLI(mode, argv, claimed)
         if mode == "fit":
@@ -371,12 +386,15 @@ def main(argv: list[str] | None = None) -> int:
               f"(see its own error above) or they issued different collectives; the run stopped instead of "
               f"waiting. Resume with --ckpt_path last; allow slower collectives with --ddp_timeout.",
               file=sys.stderr)
-        return exits.status_of(exits.LostProcesses())
+        code = exits.status_of(exits.LostProcesses())
+        return code
     else:
-        return 0
+        code = 0
+        return code
     finally:
         if not inherited:
             os.environ.pop(runs.ENV, None)
+        end_wandb_run(code)
     if rank_zero_only.rank == 0:  # under DDP every process fails alike: say it once
         print(f"{'stopped' if code == exits.status_of(exits.Stopped()) else 'error'}: {message}", file=sys.stderr)
     for run in claimed:

@@ -1,0 +1,37 @@
+"""The package's shape: no module imports one that imports it back, and the launcher's environment
+(SLURM's and torchrun's variables) is read in one module, vit/runs.py."""
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODULES = {".".join(f.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): f
+           for f in (ROOT / "vit").rglob("*.py")}
+
+
+def imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "vit":
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in MODULES}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "vit"}
+    return {m for m in found if m in MODULES}
+
+
+def test_no_import_cycles():
+    graph = {name: imports(path) - {name, "vit"} for name, path in MODULES.items()}
+
+    def reaches(start: str, goal: str, seen: set) -> bool:
+        return any(n == goal or (n not in seen and reaches(n, goal, seen | {n})) for n in graph.get(start, ()))
+
+    cycles = sorted((a, b) for a in graph for b in graph[a] if reaches(b, a, {b}))
+    assert not cycles, f"modules that import each other: {cycles}"
+
+
+def test_the_launchers_environment_is_read_in_one_module():
+    launcher = re.compile(r"SLURM_|TORCHELASTIC_|LOCAL_WORLD_SIZE|GROUP_RANK|MASTER_ADDR|MASTER_PORT|\bWORLD_SIZE")
+    readers = sorted(name for name, path in MODULES.items() if launcher.search(path.read_text()))
+    assert readers == ["vit.runs"]
