@@ -2,7 +2,7 @@
 
 import pytest
 
-from vit import configs, runs
+from vit import configs, launch, runs
 
 SLURM_JOB = {"SLURM_JOB_ID": "77", "SLURM_NTASKS": "4", "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS_PER_NODE": "2",
              "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_JOB_NAME": "vit-cifar10",
@@ -23,13 +23,13 @@ def test_every_slurm_job_has_its_own_run_name_even_with_one_task(no_launcher):
     no_launcher.setenv("SLURM_JOB_ID", "5")
     no_launcher.setenv("SLURM_NTASKS", "1")
     no_launcher.setenv("SLURM_JOB_NAME", "vit-cifar10")
-    assert runs.launch_name() == "slurm-5" and runs.allocation() == (1, 1)
+    assert launch.launch_name() == "slurm-5" and launch.allocation() == (1, 1)
     no_launcher.setenv("SLURM_JOB_NAME", "interactive")  # an salloc shell: not a batch job's task
-    assert runs.launch_name() is None and runs.allocation() is None
+    assert launch.launch_name() is None and launch.allocation() is None
     no_launcher.setenv("SLURM_JOB_NAME", "vit-cifar10")
     no_launcher.setenv("SLURM_ARRAY_JOB_ID", "9")
     no_launcher.setenv("SLURM_ARRAY_TASK_ID", "3")
-    assert runs.launch_name() == "slurm-9_3"
+    assert launch.launch_name() == "slurm-9_3"
 
 
 def test_a_one_task_job_resumes_only_its_own_run(no_launcher, tmp_path):
@@ -48,13 +48,13 @@ def test_torchrun_names_the_run_and_gives_the_allocation(no_launcher):
     for key, value in {"TORCHELASTIC_RUN_ID": "pair", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1",
                        "WORLD_SIZE": "8"}.items():
         no_launcher.setenv(key, value)
-    assert runs.launch_name() == "torchrun-pair" and runs.allocation() == (4, 2)
+    assert launch.launch_name() == "torchrun-pair" and launch.allocation() == (4, 2)
 
 
 @pytest.mark.parametrize("recipe", configs.names())
 def test_every_recipe_takes_devices_and_nodes_from_the_slurm_allocation(recipe, no_launcher, tmp_path):
     """A 2-node × 2-task job: whatever the recipe says (smoke and cpu: devices 1), the Trainer gets 2 × 2,
-    DDP with --ddp_timeout, and Lightning's own SLURM requeue handler off (vit.callbacks.StopOnSignal)."""
+    DDP with --ddp_timeout, and Lightning's own SLURM requeue handler off (vit.guards.StopOnSignal)."""
     from lightning.pytorch.plugins.environments import SLURMEnvironment
     from lightning.pytorch.strategies import DDPStrategy
 

@@ -1,5 +1,5 @@
 """The package's shape: no module imports one that imports it back, and the launcher's environment
-(SLURM's and torchrun's variables) is read in one module, vit/runs.py."""
+(SLURM's and torchrun's variables) is read in one module, vit/launch.py."""
 
 import ast
 import re
@@ -34,4 +34,4 @@ def test_no_import_cycles():
 def test_the_launchers_environment_is_read_in_one_module():
     launcher = re.compile(r"SLURM_|TORCHELASTIC_|LOCAL_WORLD_SIZE|GROUP_RANK|MASTER_ADDR|MASTER_PORT|\bWORLD_SIZE")
     readers = sorted(name for name, path in MODULES.items() if launcher.search(path.read_text()))
-    assert readers == ["vit.runs"]
+    assert readers == ["vit.launch"]

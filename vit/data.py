@@ -147,7 +147,7 @@ class ImageDataModule(L.LightningDataModule):
         return Path(self.trainer.default_root_dir) if self.trainer is not None else None
 
     # Workers are not persistent: each epoch's workers are seeded from that epoch's RNG state, which is
-    # what makes a resumed run identical to an uninterrupted one (vit.callbacks.EpochSeed).
+    # what makes a resumed run identical to an uninterrupted one (vit.seeding.EpochSeed).
     # Validation and test under DDP: each process reads its own share of the images, every image once
     # (Lightning's DistributedSampler would pad the shares to equal length with repeated images,
     # Lightning #2398; the synced metrics then sum the shares exactly).

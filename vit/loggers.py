@@ -20,7 +20,7 @@ class _NoNoise(logging.Filter):
     on how it counts the steps of the schedule, which say nothing a user can act on."""
 
     NOISE = ("💡 Tip", "Loading `train_dataloader` to estimate number of stepping batches",
-             "Trainer already configured with model summary callbacks")  # (ours: vit.callbacks.ModelSummary)
+             "Trainer already configured with model summary callbacks")  # (ours: vit.progress.ModelSummary)
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith(self.NOISE)

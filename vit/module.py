@@ -324,7 +324,7 @@ class ViTClassifier(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Everything classification needs, in plain types: no config file, no Lightning. A model with
-        non-finite weights is never saved (vit.callbacks.StopOnNonFinite says why training stopped)."""
+        non-finite weights is never saved (vit.guards.StopOnNonFinite says why training stopped)."""
         from lightning.pytorch.loggers import WandbLogger
 
         from vit.exits import TrainingDiverged

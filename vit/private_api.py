@@ -5,7 +5,7 @@ and fails on one that is not listed here, or on an entry whose use is gone."""
 
 PRIVATE_USES = (
     # (file, what, why)
-    ("vit/callbacks.py", "_logger_connector", "ProgressBar shows trainer._logger_connector._progress_bar_metrics, "
+    ("vit/progress.py", "_logger_connector", "ProgressBar shows trainer._logger_connector._progress_bar_metrics, "
      "the values every rank has already computed: the public trainer.progress_bar_metrics computes them, a synced "
      "metric's all-gather that rank zero alone would issue (a DDP deadlock)"),
     ("vit/loggers.py", "_wandb_init", "WandbLogger drops the 'anonymous' entry Lightning always passes to "

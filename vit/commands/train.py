@@ -29,9 +29,12 @@ from lightning.pytorch.plugins.environments import LightningEnvironment, SLURMEn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from vit import configs, results, runs
+from vit import configs, launch, results, runs
 from vit import exits
-from vit.callbacks import LogConfig, ModelSummary, ProgressBar, StopAfterMinutes, TimeToAccuracy
+from vit.callbacks import LogConfig, TimeToAccuracy
+from vit.guards import StopAfterMinutes, StopOnNonFinite, StopOnSignal
+from vit.progress import ModelSummary, ProgressBar
+from vit.seeding import EpochSeed
 from vit.checkpoints import read_checkpoint
 from vit.exits import CheckpointError, ConfigError, Stopped
 from vit.loggers import WandbLogger
@@ -155,7 +158,7 @@ class ViTCLI(LightningCLI):
     def take_allocation(trainer: Namespace) -> None:
         """Under SLURM or torchrun the processes exist already: devices and nodes are the allocation's,
         whatever the recipe says (one line says what it overrode)."""
-        allocated = runs.allocation()
+        allocated = launch.allocation()
         if allocated is None:
             return
         devices, nodes = allocated
@@ -164,14 +167,14 @@ class ViTCLI(LightningCLI):
         trainer.devices, trainer.num_nodes = devices, nodes
         if devices * nodes > 1 and trainer.strategy == "auto":
             trainer.strategy = "ddp"
-        job = runs.slurm_job()
-        launcher = f"SLURM job {job}" if job else f"torchrun {runs.torchrun_id()}"
+        job = launch.slurm_job()
+        launcher = f"SLURM job {job}" if job else f"torchrun {launch.torchrun_id()}"
         rank_zero_info(f"{launcher}: {devices} process(es) per node on {nodes} node(s)"
                        + (f" (the allocation's; the recipe's {' and '.join(overridden)} overridden)" if overridden else ""))
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
         """The Trainer as configured, plus: DDP with the --ddp_timeout on its process group; under SLURM,
-        Lightning's own preemption handler off (it deadlocks DDP: vit.callbacks.StopOnSignal handles
+        Lightning's own preemption handler off (it deadlocks DDP: vit.guards.StopOnSignal handles
         SIGUSR1); and the run's own callbacks (run_callbacks)."""
         config = self.config_init.trainer
         devices, nodes = config.get("devices", "auto"), config.get("num_nodes", 1)
@@ -182,7 +185,7 @@ class ViTCLI(LightningCLI):
             from lightning.pytorch.strategies import DDPStrategy
 
             kwargs["strategy"] = DDPStrategy(timeout=timedelta(seconds=self.config.ddp_timeout))
-        if runs.slurm_job():
+        if launch.slurm_job():
             plugins = config.get("plugins") or []
             kwargs["plugins"] = [*(plugins if isinstance(plugins, list) else [plugins]),
                                  SLURMEnvironment(auto_requeue=False)]
@@ -195,11 +198,10 @@ class ViTCLI(LightningCLI):
         """Every run's own callbacks, attached here and nowhere else (a recipe lists only what it chooses:
         checkpoints, throughput, W&B media, time to accuracy): exact resume (epoch seeds), the divergence
         and preemption stops (looked at every log_every_n_steps steps), the run's clock and record, the
-        learning rate in the logs, --stop_after_minutes, and vit.callbacks.ProgressBar and ModelSummary
+        learning rate in the logs, --stop_after_minutes, and vit.progress.ProgressBar and ModelSummary
         unless one is configured or turned off."""
         from lightning.pytorch.callbacks import LearningRateMonitor
 
-        from vit.callbacks import EpochSeed, StopOnNonFinite, StopOnSignal
 
         every = config.get("log_every_n_steps") or 50
         callbacks = [EpochSeed(), StopOnNonFinite(every), StopOnSignal(every), results.TrainingClock()]

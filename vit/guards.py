@@ -1,0 +1,151 @@
+"""What stops a run before its end, and how every process agrees on it: divergence (exit 3), SLURM's
+preemption signal and --stop_after_minutes (exit 4). Each decides at a step or epoch boundary that every
+process reaches, with one collective issued by all of them (vit.exits defines the statuses)."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import threading
+import time
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import WandbLogger
+
+from vit.exits import Preempted, TrainingDiverged
+
+
+class StopOnNonFinite(L.Callback):
+    """Stop training with ``TrainingDiverged`` when the loss or the gradient norm becomes non-finite.
+
+    Every step is watched on the device (the first bad step and the last finite loss are kept there,
+    with no host sync); the host looks every ``every_n_steps`` steps, before each validation and at
+    the end of each epoch, so a checkpoint is never written after a bad step (and the LightningModule
+    refuses to save non-finite weights in any case). Under DDP all ranks decide together.
+    """
+
+    def __init__(self, every_n_steps: int = 1):
+        self.every_n_steps = max(1, every_n_steps)
+        self.restored_loss = math.nan  # the last finite loss of the run this one resumes
+
+    def state_dict(self):
+        return {"last_finite_loss": float(self.last_finite) if hasattr(self, "last_finite") else math.nan}
+
+    def load_state_dict(self, state_dict):
+        self.restored_loss = state_dict.get("last_finite_loss", math.nan)
+
+    def on_train_start(self, trainer, pl_module):
+        device = pl_module.device
+        self.bad_step = torch.full((), -1, dtype=torch.long, device=device)
+        self.last_finite = torch.full((), self.restored_loss, device=device)
+        self.grads_finite = torch.ones((), dtype=torch.bool, device=device)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if str(trainer.precision).startswith("16"):  # fp16's grad scaler skips inf steps by design
+            return
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        if grads:
+            self.grads_finite = torch.isfinite(torch.nn.utils.get_total_norm(grads))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        loss = (outputs["loss"] if isinstance(outputs, dict) else outputs).detach().float()
+        finite = torch.isfinite(loss) & self.grads_finite
+        first = (self.bad_step < 0) & ~finite
+        self.bad_step = torch.where(first, trainer.global_step - 1, self.bad_step)
+        self.last_finite = torch.where((self.bad_step < 0) & finite, loss, self.last_finite)
+        if trainer.global_step % self.every_n_steps == 0:
+            self.check(trainer)
+
+    def on_validation_start(self, trainer, pl_module):
+        if hasattr(self, "bad_step"):
+            self.check(trainer)
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.check(trainer)
+
+    def check(self, trainer) -> None:
+        if not trainer.strategy.reduce_boolean_decision(bool(self.bad_step >= 0), all=False):
+            return
+        step, last = int(self.bad_step), float(self.last_finite)
+        where = f"at step {step}" if step >= 0 else "on another process"
+        last = f"last finite loss {last:.4f}" if math.isfinite(last) else "no finite loss before it"
+        raise TrainingDiverged(
+            f"training diverged {where} (epoch {trainer.current_epoch}): the loss or the gradients became "
+            f"non-finite ({last}). Try a lower --model.lr, a longer --model.warmup_epochs, "
+            f"or --trainer.precision 32-true. The checkpoints written before are kept; no test was run.")
+
+
+class StopOnSignal(L.Callback):
+    """Preemption on SLURM, handled where every process is at the same point: a step boundary.
+
+    SLURM sends SIGUSR1 before a time limit or a preemption (``#SBATCH --signal=SIGUSR1@90``); the
+    handler only notes it. Every ``every_n_steps`` steps all processes agree (one all-reduce) whether
+    any of them got it; if so every process stops with ``Preempted`` (exit 4), writing nothing more, and
+    scripts/slurm/train.sbatch requeues the job (same job id, same run folder). The requeued job resumes
+    from the run's last.ckpt — the last completed epoch — and ends with exactly the weights of an
+    uninterrupted job. (Lightning's own handler saves a checkpoint from inside the signal handler,
+    issuing collectives in the middle of a step while the other ranks wait in backward: a deadlock,
+    Lightning #21406; vit.commands.train turns it off.) Outside a SLURM job this does nothing."""
+
+    def __init__(self, every_n_steps: int = 1):
+        self.every_n_steps = max(1, every_n_steps)
+        self.job = None
+        self.signalled = False
+
+    def setup(self, trainer, pl_module, stage):
+        from vit.launch import slurm_job
+
+        self.job = slurm_job() if stage == "fit" else None
+        if self.job and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGUSR1, self._note)
+
+    def _note(self, signum, frame):
+        self.signalled = True
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.job and trainer.global_step % self.every_n_steps == 0:
+            self.check(trainer)
+
+    def check(self, trainer) -> None:
+        if not trainer.strategy.reduce_boolean_decision(self.signalled, all=False):
+            return
+        if trainer.is_global_zero and any(isinstance(lg, WandbLogger) for lg in trainer.loggers):
+            import wandb
+
+            if wandb.run is not None:  # the logger's run, if it started
+                wandb.run.mark_preempting()
+        last = os.path.join(trainer.default_root_dir, "checkpoints", "last.ckpt")
+        resume = f"resumes from {last}" if os.path.isfile(last) else "starts again in its run folder (no epoch was completed)"
+        raise Preempted(f"SLURM job {self.job} got SIGUSR1 (a time limit or preemption is near): stopped at step "
+                        f"{trainer.global_step}, in epoch {trainer.current_epoch}. Requeued by "
+                        f"scripts/slurm/train.sbatch under the same id, it {resume}.")
+
+
+class StopAfterMinutes(L.Callback):
+    """End this command in time for a wall-clock limit on it (a lease, a short partition): at the end of
+    an epoch, after its checkpoints, when one more epoch like the last (+20 %, + 30 s for the test) would
+    end past ``minutes`` since the process started. The CLI then exits 4 (vit.commands.train), and
+    ``--ckpt_path last`` continues the run exactly, its schedule and clock included. All processes
+    decide together on rank zero's clock. Not when the run would end anyway with that epoch."""
+
+    def __init__(self, minutes: float):
+        self.limit = 60 * minutes
+        self.stopped_at: int | None = None  # the epoch after which it stopped
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self.epoch_started = time.perf_counter()
+
+    def on_validation_end(self, trainer, pl_module):  # before ModelCheckpoint's (Lightning runs those last)
+        from vit.results import wall_seconds
+
+        if trainer.sanity_checking or not hasattr(self, "epoch_started"):
+            return
+        epoch = time.perf_counter() - self.epoch_started
+        late = wall_seconds() + 1.2 * epoch + 30 > self.limit
+        last = trainer.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= trainer.max_epochs
+        (late,) = [trainer.strategy.broadcast(late)]  # rank zero's clock decides for every process
+        if late and not last:
+            trainer.should_stop = True
+            self.stopped_at = trainer.current_epoch

@@ -1,0 +1,51 @@
+"""The launcher's allocation: whether SLURM or torchrun started this process, how many processes per node
+on how many nodes it allocated, and the name its processes share for their run folder. The only module
+that reads the launchers' environment variables."""
+
+from __future__ import annotations
+
+import os
+
+
+def slurm_job() -> str | None:
+    """The id of the SLURM batch job this process is a task of (Lightning's own test: srun's
+    SLURM_NTASKS, not an interactive allocation), whatever its number of tasks; else None."""
+    env = os.environ
+    if "SLURM_NTASKS" not in env or env.get("SLURM_JOB_NAME") in ("bash", "interactive"):
+        return None
+    if env.get("SLURM_ARRAY_JOB_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID")
+
+
+def torchrun_id() -> str | None:
+    """The rendezvous id of the torchrun launch this process belongs to, else None."""
+    env = os.environ
+    launched = all(k in env for k in ("TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE", "GROUP_RANK"))
+    return env["TORCHELASTIC_RUN_ID"] if launched and env["TORCHELASTIC_RUN_ID"] != "none" else None
+
+
+def launch_name() -> str | None:
+    """The shared name of a run whose processes an external launcher started: every SLURM job has its
+    own (one task or many), so a job never resumes or writes into another job's run."""
+    env, job, rdzv = os.environ, slurm_job(), torchrun_id()
+    if job:
+        return f"slurm-{job}"
+    if rdzv:
+        return f"torchrun-{rdzv}"
+    if int(env.get("WORLD_SIZE", 1)) > 1:
+        return f"launch-{env.get('MASTER_ADDR', 'localhost')}-{env.get('MASTER_PORT', 0)}"
+    return None
+
+
+def allocation() -> tuple[int, int] | None:
+    """(processes per node, nodes) as the launcher allocated them — a SLURM job's tasks, torchrun's
+    --nproc-per-node and --nnodes — or None when no launcher started this process."""
+    env = os.environ
+    if slurm_job():
+        nodes = int(env.get("SLURM_JOB_NUM_NODES", env.get("SLURM_NNODES", 1)))
+        return int(env["SLURM_NTASKS"]) // nodes, nodes
+    if torchrun_id():
+        per_node = int(env["LOCAL_WORLD_SIZE"])
+        return per_node, int(env["WORLD_SIZE"]) // per_node
+    return None
