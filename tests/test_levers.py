@@ -39,7 +39,7 @@ def test_the_levers_train_and_resume_bit_exact(lever_runs):
     assert any(k.startswith("ema.module.") for k in a["state_dict"])  # the EMA and the raw weights, both kept
     for key, value in a["state_dict"].items():
         torch.testing.assert_close(b["state_dict"][key], value, rtol=0, atol=0, msg=key)
-    assert a["vit"]["run_share"] == b["vit"]["run_share"] == 1.0
+    assert a["schedule"] == b["schedule"] and a["schedule"]["share"] == 1.0
     assert a["state_dict"]["model.pos_embedding"].shape == (1, 65, 64)  # full size: 32 px, patch 4
     (state,) = a["optimizer_states"]
     assert [g.get("use_fallback", False) for g in state["param_groups"]] == [False, True, True]  # Muon, AdamW ×2
@@ -89,20 +89,6 @@ def test_muon_takes_exactly_the_blocks_matrices():
     assert {names[id(p)] for p in rest["params"]} == module.model.no_weight_decay()
     assert rest["weight_decay"] == 0 and decay["use_fallback"] and rest["use_fallback"]
     assert len(muon["params"]) + len(decay["params"]) + len(rest["params"]) == len(list(module.model.parameters()))
-
-
-def test_the_resize_stages_follow_the_share_of_the_run():
-    from vit.model import ViTConfig
-    from vit.module import ViTClassifier
-
-    module = ViTClassifier(arch=ViTConfig(dim=32, depth=1, heads=2), resize_stages=((16, 0.25), (24, 0.75)))
-    sizes = {}
-    for share in (0.0, 0.24, 0.25, 0.5, 0.75, 1.0):
-        module.run_share = share
-        sizes[share] = module.train_image_size
-    assert sizes == {0.0: 16, 0.24: 16, 0.25: 24, 0.5: 24, 0.75: 32, 1.0: 32}
-    with pytest.raises(ValueError, match="the stages' ends must increase"):
-        ViTClassifier(arch=ViTConfig(dim=32, depth=1, heads=2), resize_stages=((16, 0.5), (24, 0.25)))
 
 
 def test_a_progressive_resizing_checkpoint_classifies_at_full_size(lever_runs, tmp_path):

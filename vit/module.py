@@ -9,7 +9,6 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from jsonargparse.typing import ClosedUnitInterval, NonNegativeFloat, OpenUnitInterval, PositiveFloat, PositiveInt
-from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
@@ -17,6 +16,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from vit.exits import ConfigError
 from vit.model import ViTConfig, VisionTransformer, flops_per_image, load_pretrained
 from vit.preprocessing import CIFAR10_MEAN, CIFAR10_STD, Metadata, Normalize
+from vit.schedule import Schedule, check_stages, shared_clock
 
 
 class ViTClassifier(L.LightningModule):
@@ -107,16 +107,12 @@ class ViTClassifier(L.LightningModule):
         if len(mean) != arch.in_channels:
             raise ConfigError(f"mean and std need {arch.in_channels} values each, got {mean}, {std}")
         self.class_names: list[str] = [str(i) for i in range(arch.num_classes)]
-        self.warmup_end_time: float | None = None  # training seconds at the end of warmup (time budgets)
-        self.run_share = 0.0  # share of the run done (steps or time), set at every step: picks the resize stage
+        check_stages(resize_stages, arch.image_size, arch.patch_size)
+        # the lr and the training image size follow the run's progress (vit.schedule); its length is known
+        # when the optimizers are made
+        self.schedule = Schedule(warmup=0, decay=None, image_size=arch.image_size,
+                                 stages=tuple(tuple(s) for s in resize_stages))
         self._said_size = arch.image_size  # the training image size last announced (one line per switch)
-        ends = [end for _, end in resize_stages]
-        for size, _ in resize_stages:
-            if size % arch.patch_size or size >= arch.image_size:
-                raise ConfigError(f"resize_stages: a stage's image size must be a multiple of the patch size "
-                                 f"{arch.patch_size} below the image size {arch.image_size}, got {size}")
-        if ends != sorted(set(ends)):
-            raise ConfigError(f"resize_stages: the stages' ends must increase, got {ends}")
 
         self.mixup_fn = None
         if (mixup > 0 or cutmix > 0) and mix_prob > 0:
@@ -164,8 +160,7 @@ class ViTClassifier(L.LightningModule):
     @property
     def train_image_size(self) -> int:
         """The side of this step's training images: the resize stage the run is in, else the model's."""
-        return next((size for size, end in self.hparams.resize_stages if self.run_share < end),
-                    self.model.config.image_size)
+        return self.schedule.train_image_size()
 
     def training_step(self, batch, batch_idx):
         images, labels = batch
@@ -237,20 +232,19 @@ class ViTClassifier(L.LightningModule):
         lr = hp.lr * global_batch / hp.lr_batch_size
         total = trainer.estimated_stepping_batches
         trainer.fit_loop.setup_data()  # (done already unless the run is open-ended) num_training_batches
-        self._timer = next((cb for cb in trainer.callbacks if isinstance(cb, Timer)), None)
-        if total == float("inf") and self._timer is None:
+        clock = shared_clock(trainer)
+        finite = total != float("inf")
+        if not finite and clock is None:
             raise ConfigError("set --trainer.max_epochs, --trainer.max_steps or --trainer.max_time: "
-                             "the cosine schedule needs a length")
+                              "the cosine schedule needs a length")
         per_epoch = max(1, trainer.num_training_batches // trainer.accumulate_grad_batches)
         warmup = int(round(hp.warmup_epochs * per_epoch))
-        if total != float("inf"):
+        if finite:
             warmup = min(warmup, int(total) - 1)
-        self._warmup, self._decay = warmup, int(total) - warmup if total != float("inf") else 10_000
-        self._finite_total = total != float("inf")
-        length = f"step {int(total)}" if self._finite_total else ""
-        if self._timer is not None:
-            budget = self._timer.time_elapsed() + self._timer.time_remaining()
-            length = f"{length} or " * bool(length) + f"{budget:.0f} s of training, whichever comes first"
+        self.schedule.warmup, self.schedule.decay = warmup, int(total) - warmup if finite else None
+        length = f"step {int(total)}" if finite else ""
+        if clock is not None:
+            length = f"{length} or " * bool(length) + f"{clock[1]:.0f} s of training, whichever comes first"
         rank_zero_info(f"global batch {global_batch}: lr {hp.lr:g} × {global_batch}/{hp.lr_batch_size} = {lr:g}; "
                        f"{warmup} warmup steps, then cosine to {hp.min_lr:g} at {length}")
         if hp.optimizer == "muon":
@@ -263,7 +257,7 @@ class ViTClassifier(L.LightningModule):
             fused = self.device.type == "cuda"
             optimizer = create_optimizer_v2(self.model, "adamw", lr=lr, weight_decay=hp.weight_decay,
                                             betas=tuple(hp.betas), **({"fused": True} if fused else {}))
-        scheduler = CosineLRScheduler(optimizer, t_initial=max(self._decay, 1), lr_min=hp.min_lr,
+        scheduler = CosineLRScheduler(optimizer, t_initial=max(self.schedule.cosine_steps, 1), lr_min=hp.min_lr,
                                       warmup_t=warmup, warmup_lr_init=lr * 1e-3 if warmup else lr,
                                       warmup_prefix=True, t_in_epochs=False)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
@@ -284,27 +278,9 @@ class ViTClassifier(L.LightningModule):
                 {"params": rest, "lr": lr, "weight_decay": 0.0, "use_fallback": True}]
 
     def lr_scheduler_step(self, scheduler, metric):
-        scheduler.step_update(num_updates=self._schedule_position())  # timm schedulers step by update count
-
-    def _schedule_position(self) -> int:
-        """Warmup by steps; then the cosine at the share of the run done: steps done over the total, or
-        training time used over ``max_time`` (after warmup), whichever is further. Sets ``run_share``, the
-        share of the whole run done (the same measure, warmup included), for the resize stages."""
-        step, warmup = self.global_step, self._warmup
-        share = step / (warmup + self._decay) if self._finite_total else 0.0
-        done = (step - warmup) / self._decay if self._finite_total else 0.0
-        if self._timer is not None:
-            elapsed = self._timer.time_elapsed()
-            budget = elapsed + self._timer.time_remaining()
-            if self.trainer.world_size > 1:  # one clock for all ranks: the same lr and stage everywhere
-                elapsed, budget = self.trainer.strategy.broadcast((elapsed, budget))
-            share = max(share, elapsed / budget)
-            if step > warmup:
-                if self.warmup_end_time is None:
-                    self.warmup_end_time = elapsed
-                done = max(done, (elapsed - self.warmup_end_time) / max(budget - self.warmup_end_time, 1e-9))
-        self.run_share = min(share, 1.0)
-        return step if step <= warmup else warmup + round(min(done, 1.0) * self._decay)
+        """timm's schedulers step by update count: the schedule's position (vit.schedule), which also
+        moves the training image size."""
+        scheduler.step_update(num_updates=self.schedule.advance(self.global_step, shared_clock(self.trainer)))
 
     # --- weights that are not ours, and what a checkpoint carries ------------------------------
     def setup(self, stage: str) -> None:
@@ -333,11 +309,12 @@ class ViTClassifier(L.LightningModule):
             raise TrainingDiverged(f"training diverged by step {self.global_step} (epoch {self.current_epoch}): "
                                    "the weights are not finite; no checkpoint was written")
         wandb = next((lg for lg in self.loggers if isinstance(lg, WandbLogger)), None)
-        checkpoint["vit"] = {**self.metadata().to_dict(), "wandb_run_id": wandb.version if wandb else None,
-                             "warmup_end_time": self.warmup_end_time, "run_share": self.run_share}
+        checkpoint["vit"] = {**self.metadata().to_dict(), "wandb_run_id": wandb.version if wandb else None}
+        checkpoint["schedule"] = self.schedule.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "vit" in checkpoint:
             self.class_names = list(checkpoint["vit"]["class_names"])
-            self.warmup_end_time = checkpoint["vit"].get("warmup_end_time")
-            self.run_share = checkpoint["vit"].get("run_share", 0.0)
+        old = checkpoint.get("vit", {})  # (checkpoints written before the schedule had its own entry)
+        self.schedule.load_state_dict(checkpoint.get("schedule") or {"warmup_end_time": old.get("warmup_end_time"),
+                                                                    "share": old.get("run_share", 0.0)})
