@@ -1,5 +1,7 @@
 """What a launcher (SLURM, torchrun) decides, in this process: the run folder and the allocation."""
 
+from pathlib import Path
+
 import pytest
 
 from vit import configs, launch, runs
@@ -71,3 +73,23 @@ def test_every_recipe_takes_devices_and_nodes_from_the_slurm_allocation(recipe, 
     environment = trainer.strategy.cluster_environment
     assert isinstance(environment, SLURMEnvironment) and not environment.auto_requeue
     assert (tmp_path / "runs" / "slurm-77").is_dir()  # (the line it prints: tests/cluster/test_slurm.py)
+
+
+def _ask_wandb_id(run: str) -> str:
+    return runs.wandb_id(Path(run))
+
+
+def test_a_run_folder_keeps_one_wandb_id_whoever_asks_first(tmp_path):
+    """Every process of a job asks at once: all get the one id written first; a later attempt (a requeued
+    job that never wrote a checkpoint) gets it again; an older checkpoint's id is kept."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    run = tmp_path / "slurm-7"
+    run.mkdir()
+    with ProcessPoolExecutor(4) as pool:
+        ids = set(pool.map(_ask_wandb_id, [str(run)] * 16))
+    assert len(ids) == 1 and runs.wandb_id(run) in ids
+    assert sorted(p.name for p in run.iterdir()) == ["wandb_id"]  # no draft left behind
+    older = tmp_path / "version_0"
+    older.mkdir()
+    assert runs.wandb_id(older, known="abc123") == "abc123" == runs.wandb_id(older)

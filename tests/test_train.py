@@ -328,6 +328,7 @@ def test_resumed_run_continues_the_same_wandb_run(tmp_path, fake_cifar_session):
     assert ckpt["epoch"] == 1 and ckpt["vit"]["wandb_run_id"] == run_id
     wandb_runs = sorted((run / "wandb").glob("offline-run-*"))
     assert len(wandb_runs) == 2 and all(r.name.endswith(run_id) for r in wandb_runs)
+    assert (run / "wandb_id").read_text().strip() == run_id  # kept in the run folder, not only in checkpoints
     epochs = [line.split(",")[0] for line in (run / "metrics.csv").read_text().splitlines()[1:]]
     assert {"0", "1"} <= set(epochs)  # the resumed run appended to its metrics, it did not start them anew
 

@@ -16,8 +16,29 @@ from vit.exits import RunError
 from vit.launch import launch_name
 
 CHECKPOINTS = "checkpoints"
+WANDB_ID = "wandb_id"
 LAST = "last.ckpt"
 ENV = "VIT_RUN_DIR"
+
+
+def wandb_id(run: Path, known: str | None = None) -> str:
+    """The W&B run id of this run folder: fixed the first time it is asked for (``known``: the id an older
+    checkpoint carries, else a new random one) and kept in ``<run>/wandb_id``, so that every attempt —
+    a resume, a requeued job preempted before any checkpoint, each process of a job — logs to one W&B run.
+    Atomic: processes asking at once all read the one id that was written first."""
+    import secrets
+
+    path = run / WANDB_ID
+    if not path.is_file():
+        draft = run / f".{WANDB_ID}.{os.getpid()}.{secrets.token_hex(4)}"
+        draft.write_text((known or secrets.token_hex(4)) + "\n")
+        try:
+            os.link(draft, path)  # fails if another process linked its id first
+        except FileExistsError:
+            pass
+        finally:
+            draft.unlink()
+    return path.read_text().strip()
 
 
 def last_checkpoint(run: Path) -> Path | None:

@@ -49,7 +49,8 @@ chmod 400 /etc/munge/munge.key
 pgrep -x munged >/dev/null || su -s /bin/sh munge -c /usr/sbin/munged
 if [ "$changed" = 1 ]; then  # a new configuration: restart the daemons, once they have really gone
   pkill -x slurmctld || true; pkill -x slurmd || true
-  for _ in $(seq 30); do pgrep -x 'slurmctld|slurmd' >/dev/null || break; sleep 1; done
+  # (pgrep -x takes one name: process names are 15 characters at most, and an alternation is longer)
+  for _ in $(seq 30); do pgrep -x slurmctld >/dev/null || pgrep -x slurmd >/dev/null || break; sleep 1; done
 fi
 pgrep -x slurmctld >/dev/null || slurmctld
 pgrep -x slurmd >/dev/null || slurmd

@@ -151,8 +151,8 @@ class ViTCLI(LightningCLI):
             rank_zero_info(note or f"run folder: {run}")
             self.take_allocation(cfg.trainer)
         os.environ[runs.ENV] = str(run)  # the processes Lightning's DDP launcher starts use this folder too
-        wandb_id = self.resume[1].get("vit", {}).get("wandb_run_id") if self.resume else None
-        self.place_outputs(cfg, run, wandb_id)
+        known = self.resume[1].get("vit", {}).get("wandb_run_id") if self.resume else None
+        self.place_outputs(cfg, run, known)
 
     @staticmethod
     def take_allocation(trainer: Namespace) -> None:
@@ -228,9 +228,9 @@ class ViTCLI(LightningCLI):
                                   f"this command line ({'; '.join(diff)})")
 
     @staticmethod
-    def place_outputs(cfg: Namespace, run: Path, wandb_id: str | None) -> None:
-        """Point the Trainer, every logger and every checkpoint callback without a folder at ``run``; a
-        resumed run continues its W&B run (``wandb_id``)."""
+    def place_outputs(cfg: Namespace, run: Path, known_wandb_id: str | None) -> None:
+        """Point the Trainer, every logger and every checkpoint callback without a folder at ``run``; W&B
+        logs to the run folder's own W&B run (vit.runs.wandb_id), whichever attempt this is."""
         cfg.trainer.default_root_dir = str(run)
         loggers = cfg.trainer.logger
         for logger in loggers if isinstance(loggers, list) else [loggers]:
@@ -242,7 +242,7 @@ class ViTCLI(LightningCLI):
                 init.name, init.version = "", ""  # metrics straight into the run folder
             elif logger.class_path.endswith("WandbLogger"):
                 init.name = init.get("name") or f"{run.parent.name}/{run.name}"
-                init.id = wandb_id or init.get("id")
+                init.id = init.get("id") or runs.wandb_id(run, known_wandb_id)
         for callback in cfg.trainer.callbacks or []:
             if callback.class_path.endswith("ModelCheckpoint") and not callback.init_args.get("dirpath"):
                 callback.init_args.dirpath = str(run / runs.CHECKPOINTS)
