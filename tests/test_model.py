@@ -105,6 +105,26 @@ def test_equivalent_to_timm_after_loading_its_weights(cfg):
         torch.testing.assert_close(model(x, return_attention=True)[0], expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("new_grid", [(4, 4), (6, 6), (4, 6), (10, 10)])
+def test_e_pos_resampling_is_timms_as_a_matrix(new_grid):
+    """vit.model.resample_pos_embedding applies timm's resample_abs_pos_embed as a linear map: the same
+    values and the same gradient, for smaller, larger and non-square grids."""
+    from timm.layers import resample_abs_pos_embed
+
+    from vit.model import resample_pos_embedding
+
+    torch.manual_seed(0)
+    ours = torch.randn(1, 65, 24, requires_grad=True)
+    theirs = ours.detach().clone().requires_grad_(True)
+    a = resample_pos_embedding(ours, new_grid, (8, 8))
+    b = resample_abs_pos_embed(theirs, list(new_grid), [8, 8], num_prefix_tokens=1)
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    upstream = torch.randn_like(a)
+    (a * upstream).sum().backward()
+    (b * upstream).sum().backward()
+    torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-5, atol=1e-6)
+
+
 def test_a_smaller_image_sees_e_pos_resampled_as_timm_does():
     """Progressive resizing's forward: 16 px through a 32-px model equals timm's dynamic_img_size ViT
     (E_pos resampled with resample_abs_pos_embed), and the gradient reaches the full-size E_pos."""

@@ -173,14 +173,19 @@ class Block(nn.Module):
         return x, attn
 
 
-@torch.compiler.disable
 def resample_pos_embedding(pos_embedding: torch.Tensor, new_grid: tuple[int, int], grid: tuple[int, int]) -> torch.Tensor:
-    """E_pos (1×(1+N)×D) resampled to another patch grid, [cls] kept: timm's ``resample_abs_pos_embed``
-    (antialiased bicubic). Run eagerly inside a compiled model: inductor (torch 2.14) fails on the backward
-    of antialiased bicubic upsampling ("isIntList() INTERNAL ASSERT FAILED"), and this op is tiny."""
-    from timm.layers import resample_abs_pos_embed  # (imported only then: classify stays light)
-
-    return resample_abs_pos_embed(pos_embedding, list(new_grid), list(grid), num_prefix_tokens=1)
+    """E_pos (1×(1+N)×D) resampled to another patch grid, [cls] kept, as timm's ``resample_abs_pos_embed``
+    does it (antialiased bicubic, per channel). That resampling is linear in E_pos, so it is applied as a
+    matrix: the interpolation of each grid cell's indicator, computed without gradient, then one matmul that
+    carries E_pos's gradient. (Inductor, torch 2.14, cannot compile the backward of antialiased bicubic
+    interpolation; this way the compiled model has no graph break and one graph per image size.)"""
+    rows, cols = new_grid
+    n = grid[0] * grid[1]
+    with torch.no_grad():
+        basis = torch.eye(n, device=pos_embedding.device, dtype=torch.float32).reshape(n, 1, *grid)
+        weights = F.interpolate(basis, size=(rows, cols), mode="bicubic", antialias=True, align_corners=False)
+    patches = weights.reshape(n, rows * cols).T.to(pos_embedding.dtype) @ pos_embedding[0, 1:]  # (rows·cols)×D
+    return torch.cat([pos_embedding[:, :1], patches[None]], dim=1)
 
 
 class VisionTransformer(nn.Module):

@@ -296,7 +296,7 @@ class ViTClassifier(L.LightningModule):
                 if self.ema is not None:
                     self.ema.set(self.model)
             if self.hparams.compile:
-                self.model.compile()
+                self.model.compile(dynamic=False)  # one static graph per image size (resize stages)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Everything classification needs, in plain types: no config file, no Lightning. A model with
