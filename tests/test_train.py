@@ -119,6 +119,8 @@ def test_smoke_run_logs_to_one_offline_wandb_run(smoke_run):
         assert key in data, key
     for key in ("report/learning_curves", "report/confusion_matrix", "report/test_examples"):
         assert key.encode() in data, key
+    for key in ("test_top1", "best_val_acc", "train_images_per_second", "commit"):  # the record, in the summary
+        assert key.encode() in data, key
     header = (run / "metrics.csv").read_text().splitlines()[0].split(",")
     assert {"epoch", "step", "val/acc", "train/loss", "test/acc"} <= set(header)
     assert "class_path: vit.callbacks.Throughput" in (run / "config.yaml").read_text()  # ThroughputMonitor is on

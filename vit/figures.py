@@ -202,7 +202,7 @@ def measure(plans: list[str], runner: Runner) -> bool:
 
 # --- rendering ---------------------------------------------------------------------------------------
 BLOCK = re.compile(r"(<!-- figures: (?P<table>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures -->)", re.S)
-HIDDEN = {"--data.root", "--trainer.default_root_dir", "--run", "--ckpt_path", "--stop_after_minutes"}
+HIDDEN = {"--data.root", "--trainer.default_root_dir", "--run", "--ckpt_path", "--stop_after_minutes", "--output"}
 
 
 def jobs_of(table: str) -> list[Run | Benchmark]:
@@ -262,8 +262,8 @@ def render_runs(table: str, results_dir: Path, base: Path) -> str:
 
 def _bench_rows(r: dict) -> list[list[str]]:
     """(what, ours, reference, ratio, target) rows of one benchmark report."""
-    def n(x, digits=0):
-        return f"{x:,.{digits}f}" if x >= 100 or digits == 0 else f"{x:.{digits}g}"
+    def n(x):
+        return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
     rows = []
     for m in r.get("model", []):
@@ -300,6 +300,15 @@ def _bench_rows(r: dict) -> list[list[str]]:
     return rows
 
 
+def _judged(ratio: str, target: str) -> str:
+    """The target, and "not met" when the measured ratio misses it."""
+    if target == "—":
+        return target
+    value, (sign, bound) = float(ratio.strip("*")), target.split()
+    met = value >= float(bound) if sign == "≥" else value <= float(bound)
+    return target if met else f"{target}: **not met**"
+
+
 def render_benchmark(table: str, results_dir: Path, base: Path) -> str:
     lines = []
     for job in jobs_of(table):
@@ -310,9 +319,10 @@ def render_benchmark(table: str, results_dir: Path, base: Path) -> str:
             continue
         r = results.read(path)
         lines.append(f"*{r.get('row', job.label)}*: {_device(r)}, torch {r['versions']['torch']}, "
-                     f"`{shown_command(r['command'])}`, record {_provenance(path, r, base)}.\n")
+                     f"`{shlex.join(['scripts/benchmark.py', *shlex.split(shown_command(r['command']))])}`, "
+                     f"record {_provenance(path, r, base)}.\n")
         lines.append("| what | ours | reference | ratio | target |\n| --- | --- | --- | --- | --- |")
-        lines += ["| " + " | ".join(row) + " |" for row in _bench_rows(r)]
+        lines += ["| " + " | ".join(row[:4] + [_judged(row[3], row[4])]) + " |" for row in _bench_rows(r)]
         lines.append("")
     return "\n".join(lines)
 

@@ -5,6 +5,7 @@ are rendered from copies of these records (``vit.figures``)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -21,9 +22,11 @@ REPO = Path(__file__).resolve().parents[1]
 _IMPORTED = time.perf_counter()
 
 
+@functools.cache
 def commit() -> dict:
     """The commit of the code that ran, and whether its tracked files differed from it (``dirty``);
-    None outside a git checkout (an installed wheel: its version says what ran)."""
+    None outside a git checkout (an installed wheel: its version says what ran). Read once, at the first
+    call: the commands call it when they start, so that edits made while a run trains do not count."""
     def git(*args: str) -> str | None:
         try:
             out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=30)
@@ -109,7 +112,7 @@ def read(path: Path) -> dict:
 
 
 def wall_seconds() -> float:
-    """Seconds since this process started (Linux: /proc; elsewhere since this module was imported)."""
+    """Seconds since this process started (a run continued across commands: the last command's) (Linux: /proc; elsewhere since this module was imported)."""
     try:
         ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
         uptime = float(Path("/proc/uptime").read_text().split()[0])

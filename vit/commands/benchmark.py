@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     from vit.benchmark import run
 
     args = parser.parse_args(argv)
+    from vit.results import commit
+
+    commit()  # the code that runs, before anyone edits the tree
     args.argv = sys.argv[1:] if argv is None else argv  # for the record
     run(args)
     return 0

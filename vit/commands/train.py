@@ -370,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     claimed: list[Path] = []  # a run folder this process created
     inherited = runs.ENV in os.environ  # set by the process that launched this one (DDP)
     code = 1  # a bug, unless the run ends otherwise below
+    results.commit()  # the code that runs, before anyone edits the tree
     try:
         cli = ViTCLI(mode, argv, claimed)
         if mode == "fit":
