@@ -36,7 +36,8 @@ def commit() -> dict:
 
     if not (REPO / ".git").exists() or (sha := git("rev-parse", "HEAD")) is None:
         return {"commit": None, "dirty": None}
-    return {"commit": sha, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    # results/ holds records, what measuring writes, not code that runs
+    return {"commit": sha, "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!results"))}
 
 
 def cpu_model() -> str:
