@@ -84,3 +84,20 @@ def test_quick_runs_every_step_of_every_plan_and_continues_long_runs(tmp_path):
     text = readme.read_text()
     assert "pending" not in text and text.count("](") == sum(len(s.jobs) for p in figures.PLANS.values() for s in p)
     assert "time to 90 / 93 / 94 %" in text  # the fast recipe's TimeToAccuracy reached the record
+
+
+def test_each_recipe_header_states_its_measured_figure_as_readme_does():
+    """A recipe's header gives the figure of its README row and names the record; one without a record
+    says it is pending or not measured yet."""
+    for job in figures.jobs_of("cpu") + figures.jobs_of("gpu"):
+        recipe = job.args[job.args.index("--config") + 1]
+        header = "\n".join(line for line in (ROOT / "configs" / f"{recipe}.yaml").read_text().splitlines()
+                           if line.startswith("#"))
+        assert "issue" not in header.lower() and "# Run:" in header and "# Measured:" in header, recipe
+        record = ROOT / "results" / job.table / f"{job.name}.json"
+        if record.is_file():
+            r = json.loads(record.read_text())
+            assert f"test top-1 {r['test_top1']:.2f} % (top-5 {r['test_top5']:.2f} %)" in header, recipe
+            assert f"results/{job.table}/{job.name}.json" in header, recipe
+        else:
+            assert "# Measured: pending" in header, recipe
