@@ -23,5 +23,7 @@ def path(name: str) -> Path:
         return Path(name)
     found = Path(str(files(__name__) / f"{name.removesuffix('.yaml')}.yaml"))
     if not found.is_file():
-        raise FileNotFoundError(f"--config {name}: neither a file nor a recipe name ({', '.join(names())})")
+        from vit.exits import ConfigError
+
+        raise ConfigError(f"--config {name}: neither a file nor a recipe name ({', '.join(names())})")
     return found

@@ -13,6 +13,7 @@ import argparse
 import logging
 import os
 import re
+import shutil
 import sys
 import warnings
 from datetime import timedelta
@@ -401,6 +402,6 @@ def main(argv: list[str] | None = None) -> int:
     if rank_zero_only.rank == 0:  # under DDP every process fails alike: say it once
         print(f"{'stopped' if code == exits.status_of(exits.Stopped()) else 'error'}: {message}", file=sys.stderr)
     for run in claimed:
-        if run.is_dir() and not any(run.iterdir()):
-            run.rmdir()  # a run that never started leaves no empty folder behind
+        if run.is_dir() and {p.name for p in run.iterdir()} <= {runs.WANDB_ID}:
+            shutil.rmtree(run)  # a run that never started leaves no folder behind (its W&B id unused)
     return code
