@@ -1,0 +1,49 @@
+"""Every recipe in configs/ trains a few steps on CPU with its own settings (precision, augmentation,
+Mixup/CutMix, Muon, workers, resize stages), then tests: a recipe nobody ran can crash at its first step.
+vit_cifar10_fast (torch.compile) runs as a user runs it in tests/test_compile.py."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from test_train import ROOT, TEST_LINE
+from vit import configs
+
+HERE = ["smoke", "cpu", "vit_cifar10", "vit_tiny_cifar10", "finetune_cifar10"]
+
+
+def test_every_recipe_is_run_by_a_test():
+    assert set(configs.names()) == set(HERE) | {"vit_cifar10_fast"}
+
+
+@pytest.mark.parametrize("recipe", HERE)
+def test_a_recipe_trains_a_few_steps_with_its_own_settings(recipe, tmp_path, fake_cifar_session):
+    import os
+    import re
+
+    extra = []
+    if recipe == "finetune_cifar10":  # its timm weights, randomly initialised (no download here)
+        import timm
+
+        weights = tmp_path / "vit_small_patch16_224.pth"
+        torch.save(timm.create_model("vit_small_patch16_224", pretrained=False).state_dict(), weights)
+        extra = ["--model.pretrained", str(weights)]
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--config", recipe, *extra,
+                           "--data.root", str(fake_cifar_session), "--data.val_size", "100", "--data.batch_size", "50",
+                           "--trainer.max_steps", "2", "--trainer.max_epochs", "1", "--trainer.limit_val_batches", "1"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(TEST_LINE, proc.stderr), proc.stderr[-2000:]
+    import yaml
+
+    ran = yaml.safe_load((tmp_path / "runs" / recipe / "version_0" / "config.yaml").read_text())
+    own = yaml.safe_load((ROOT / "configs" / f"{recipe}.yaml").read_text())
+    for key, value in (own.get("model") or {}).items():  # the recipe's own model settings are what ran
+        if key != "pretrained":
+            assert ran["model"][key] == value or (isinstance(value, dict) and value.items() <= ran["model"][key].items()) \
+                or (isinstance(value, list) and [list(v) for v in value] == ran["model"][key]), (key, value)
+    if "precision" in (own.get("trainer") or {}):
+        assert ran["trainer"]["precision"] == own["trainer"]["precision"]
