@@ -62,3 +62,46 @@ class RaiseMidTraining(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step == 2:
             raise getattr(__import__("builtins"), self.error)("a bug in the user's callback")
+
+
+class CrashAtStep(L.Callback):
+    """The process dies at the end of step ``step``, before that step's checkpoints: with ``kill``, by
+    SIGKILL (as `kill -9`, a lost node or the out-of-memory killer), else by an exception. Under torchrun,
+    only the process of rank ``rank`` (None: any), and only in torchrun's first attempt."""
+
+    def __init__(self, step: int = 5, kill: bool = True, rank: int | None = None):
+        self.step, self.kill, self.rank = step, kill, rank
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        import os
+        import signal
+
+        if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+            return
+        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
+
+            if self.kill:
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError(f"crashed at step {self.step}")
+
+
+class CrashInValidation(L.Callback):
+    """The run crashes in epoch ``epoch``'s validation: after the epoch's last step, before its end-of-epoch
+    checkpoints."""
+
+    def __init__(self, epoch: int = 0):
+        self.epoch = epoch
+
+    def on_validation_start(self, trainer, pl_module):
+        if trainer.current_epoch == self.epoch and not trainer.sanity_checking:
+            raise RuntimeError(f"crashed in the validation of epoch {self.epoch}")
+
+
+class CountSteps(L.Callback):
+    """Each optimizer step executed, one line per step in ``<run>/steps.<rank>``, over every attempt."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        from pathlib import Path
+
+        with open(Path(trainer.default_root_dir) / f"steps.{trainer.global_rank}", "a") as f:
+            f.write(f"{trainer.global_step}\n")

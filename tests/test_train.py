@@ -195,28 +195,6 @@ def test_missing_dataset_offline_is_one_clear_message(tmp_path):
     assert not (tmp_path / "runs" / "smoke" / "version_0").exists()  # no empty run folder left behind
 
 
-@pytest.mark.parametrize("pipeline", ["workers", "device"])
-def test_resume_matches_an_uninterrupted_run(tmp_path, fake_cifar_session, pipeline):
-    args = ["--trainer.max_epochs", "2", "--trainer.logger", "false", "--test_after_fit", "false",
-            "--data.num_workers", "1", "--data.pipeline", pipeline]
-    full, part = tmp_path / "full", tmp_path / "part"
-    full.mkdir(), part.mkdir()
-    assert train(full, fake_cifar_session, *args).returncode == 0
-    first = train(part, fake_cifar_session, *args, "--trainer.callbacks+=callbacks.StopAfterEpoch",
-                  "--trainer.callbacks.epoch", "0")
-    assert first.returncode == 0, first.stderr[-2000:]
-    last = part / "runs/smoke/version_0/checkpoints/last.ckpt"
-    assert load(last)["epoch"] == 0
-    resumed = train(part, fake_cifar_session, *args, "--ckpt_path", "last")
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "resuming runs/smoke/version_0 (the newest run under runs/smoke) from its last.ckpt" in resumed.stderr
-    assert [p.name for p in (part / "runs/smoke").iterdir()] == ["version_0"]  # kept writing into its folder
-    a, b = load(full / "runs/smoke/version_0/checkpoints/last.ckpt"), load(last)
-    assert a["global_step"] == b["global_step"] == 16
-    for key, value in a["state_dict"].items():
-        torch.testing.assert_close(b["state_dict"][key], value, rtol=0, atol=0, msg=key)
-
-
 def test_two_runs_side_by_side_never_collide(tmp_path, fake_cifar_session):
     args = ["--trainer.max_epochs", "1", "--trainer.logger", "false", "--test_after_fit", "false"]
     procs = [subprocess.Popen([sys.executable, str(ROOT / "scripts" / "train.py"), "--config", "smoke",
@@ -317,24 +295,6 @@ def test_own_image_folders_with_bad_and_rotated_files_train(tmp_path):
     assert "has no test/ folder: the validation images are used for the test" in proc.stderr
     assert re.search(r"test on (\d+) images with", proc.stderr).group(1) == str(round(0.1 * 25))  # of the good ones
     assert "Traceback" not in proc.stderr and "warning: skipping" not in proc.stderr
-
-
-def test_resumed_run_continues_the_same_wandb_run(tmp_path, fake_cifar_session):
-    args = ["--trainer.max_epochs", "2", "--test_after_fit", "false"]
-    first = train(tmp_path, fake_cifar_session, *args, "--trainer.callbacks+=callbacks.StopAfterEpoch",
-                  "--trainer.callbacks.epoch", "0")
-    assert first.returncode == 0, first.stderr[-2000:]
-    run = tmp_path / "runs/smoke/version_0"
-    run_id = load(run / "checkpoints/last.ckpt")["vit"]["wandb_run_id"]
-    resumed = train(tmp_path, fake_cifar_session, *args, "--ckpt_path", "last")
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    ckpt = load(run / "checkpoints/last.ckpt")
-    assert ckpt["epoch"] == 1 and ckpt["vit"]["wandb_run_id"] == run_id
-    wandb_runs = sorted((run / "wandb").glob("offline-run-*"))
-    assert len(wandb_runs) == 2 and all(r.name.endswith(run_id) for r in wandb_runs)
-    assert (run / "wandb_id").read_text().strip() == run_id  # kept in the run folder, not only in checkpoints
-    epochs = [line.split(",")[0] for line in (run / "metrics.csv").read_text().splitlines()[1:]]
-    assert {"0", "1"} <= set(epochs)  # the resumed run appended to its metrics, it did not start them anew
 
 
 def test_help_shows_the_named_recipes_defaults():

@@ -202,7 +202,7 @@ def bench_data(device: torch.device, batch_size: int, workers: int, n: int) -> d
         dm.setup("fit")
         base = dm.train_set.dataset
         ours_device = DeviceBatches(base.images.to(device), base.labels.to(device), batch_size, seed=0,
-                                    epoch=lambda: 0)
+                                    position=lambda n: (0, 0))
         tv = UncheckedCIFAR10(tmp, train=True, download=False, transform=T.Compose([
             T.RandomCrop(32, padding=4, padding_mode="reflect"), T.RandomHorizontalFlip(), T.ToTensor(),
             T.Normalize(CIFAR10_MEAN, CIFAR10_STD)]))
@@ -234,7 +234,7 @@ def bench_training_step(preset: str, batch_size: int, device: torch.device, dtyp
     n = batch_size * (steps + 3)
     images = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, device=device)
     labels = torch.randint(0, 10, (n,), device=device)
-    batches = iter(DeviceBatches(images, labels, batch_size, seed=0, epoch=lambda: 0))
+    batches = iter(DeviceBatches(images, labels, batch_size, seed=0, position=lambda n: (0, 0)))
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
 
     def step():
@@ -309,6 +309,48 @@ def bench_classify(n: int, workers: int) -> dict:
     return row
 
 
+def bench_checkpoint(device: torch.device, repeats: int, interval_minutes: float = 10.0) -> list[dict]:
+    """The step checkpoint's cost: seconds per ``trainer.save_checkpoint`` (what the rolling step checkpoint and
+    the preemption stop write: weights, optimizer, EMA, loops, callbacks' states, RNG states, to local disk),
+    median of ``repeats``, after one training step of the default recipe's model (Muon, EMA) and of the cpu
+    recipe's; and its share of training time when written every ``interval_minutes``."""
+    import tempfile
+    import warnings
+    from pathlib import Path
+
+    import lightning as L
+
+    from vit.data import CIFAR10DataModule
+    from vit.module import ViTClassifier
+    from vit.resume import RNGStates
+
+    shapes = {"vit_cifar10": ViTConfig(dim=192, depth=9, heads=12, mlp_ratio=2.0),
+              "cpu": ViTConfig(dim=64, depth=4, heads=4, mlp_ratio=2.0)}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tmp = Path(tmp)
+        _fake_cifar(tmp, 256)
+        for recipe, config in shapes.items():
+            model = ViTClassifier(arch=config, optimizer="muon", ema_decay=0.999)
+            dm = CIFAR10DataModule(root=str(tmp), batch_size=64, val_size=64, num_workers=0, download=False)
+            trainer = L.Trainer(accelerator=device.type, devices=1, max_steps=1, logger=False,
+                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                                limit_val_batches=0, callbacks=[RNGStates()], default_root_dir=tmp)
+            trainer.fit(model, datamodule=dm)
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                trainer.save_checkpoint(tmp / "step.ckpt")
+                times.append(time.perf_counter() - start)
+            seconds = statistics.median(times)
+            rows.append({"recipe": recipe, "params_M": round(sum(p.numel() for p in model.model.parameters()) / 1e6, 2),
+                         "MB": round((tmp / "step.ckpt").stat().st_size / 2**20, 1), "s_per_save": round(seconds, 3),
+                         "interval_min": interval_minutes,
+                         "share_percent": round(100 * seconds / (60 * interval_minutes), 4)})
+    return rows
+
+
 def bench_startup(repeats: int) -> dict:
     """Seconds to classify one image from the shell, against `python -c "import torch, torchvision"`."""
     import subprocess
@@ -376,6 +418,12 @@ def run(args) -> dict:
         print(f"# vit-classify throughput on generated photos of mixed sizes, images/s: "
               f"{args.workers} decoding workers vs the main process")
         print(format_table([report["classify"]], ["images", "workers", "img_s_one_process", "img_s_workers", "ratio"]))
+    if "checkpoint" in sections:
+        report["checkpoint"] = bench_checkpoint(device, 1 if quick else args.rounds)
+        print("# the step checkpoint: seconds per save (trainer.save_checkpoint, local disk) and its share of "
+              "training at the default interval")
+        print(format_table(report["checkpoint"], ["recipe", "params_M", "MB", "s_per_save", "interval_min",
+                                                  "share_percent"]))
     if "startup" in sections:
         report["startup"] = bench_startup(1 if quick else args.startup_repeats)
         print("# classify one image from the shell vs `python -c 'import torch, torchvision'`, seconds (median)")

@@ -33,6 +33,7 @@ from vit.cifar import DatasetError
 from vit.exits import ConfigError
 from vit.images import IMAGE_SUFFIXES, ImageError, check_image, load_image
 from vit.preprocessing import resize
+from vit.resume import DataPosition, EpochOrder, SeededSamples
 
 __all__ = ["CIFAR10DataModule", "DatasetError", "ImageDataModule", "ImageFolderDataModule"]
 
@@ -126,6 +127,7 @@ class ImageDataModule(L.LightningDataModule):
         self.augment = augmentation(crop_padding, hflip, auto_augment, image_size)  # validates the choice
         self.crop_padding, self.hflip = crop_padding, hflip
         self.classes: list[str] | None = None
+        self.position = DataPosition()  # the train loader's epoch and first batch (vit.resume)
 
     @property
     def num_classes(self) -> int:
@@ -146,19 +148,24 @@ class ImageDataModule(L.LightningDataModule):
         """The run folder of the Trainer this module is attached to (vit.runs), if any."""
         return Path(self.trainer.default_root_dir) if self.trainer is not None else None
 
-    # Workers are not persistent: each epoch's workers are seeded from that epoch's RNG state, which is
-    # what makes a resumed run identical to an uninterrupted one (vit.seeding.EpochSeed).
+    # Training samples: each one's augmentation is seeded by (seed, epoch, position in the epoch's order), in
+    # whichever worker (vit.resume), so a run resumed from any step, mid-epoch included, continues exactly.
     # Validation and test under DDP: each process reads its own share of the images, every image once
     # (Lightning's DistributedSampler would pad the shares to equal length with repeated images,
     # Lightning #2398; the synced metrics then sum the shares exactly).
     def _loader(self, dataset, train: bool, collate_fn=None) -> DataLoader:
-        sampler = None
-        if not train and self.trainer is not None and self.trainer.world_size > 1:
+        trainer = self.trainer
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        if train:
+            sampler = EpochOrder(dataset, self.batch_size, self.seed, self.position, rank, world)
+            dataset = SeededSamples(dataset)
+        elif world > 1:
             from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 
-            sampler = UnrepeatedDistributedSampler(dataset, num_replicas=self.trainer.world_size,
-                                                   rank=self.trainer.global_rank, shuffle=False)
-        return DataLoader(dataset, batch_size=self.batch_size, shuffle=train, drop_last=train, sampler=sampler,
+            sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
+        else:
+            sampler = None
+        return DataLoader(dataset, batch_size=self.batch_size, drop_last=train, sampler=sampler,
                           num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
                           collate_fn=collate_fn)
 
@@ -167,6 +174,12 @@ class ImageDataModule(L.LightningDataModule):
             raise ConfigError(f"the training set has {len(self.train_set)} images, fewer than one batch of "
                              f"{self.batch_size}: lower --data.batch_size")
         return self._loader(self.train_set, train=True)
+
+    def state_dict(self) -> dict:
+        return self.position.state_dict(self.trainer)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.position.load_state_dict(state_dict)
 
     def val_dataloader(self):
         return self._loader(self.val_set, train=False)
@@ -194,7 +207,6 @@ class CIFAR10DataModule(ImageDataModule):
         if pipeline == "device" and (kwargs.get("auto_augment") or self.image_size != 32):
             raise ConfigError("pipeline 'device' does crop+flip on 32×32 images only: "
                              "use pipeline 'workers' for auto_augment or resizing")
-        self._train_epochs = 0  # train iterators made so far (device pipeline; saved in checkpoints)
 
     @property
     def folder(self) -> Path:
@@ -236,22 +248,10 @@ class CIFAR10DataModule(ImageDataModule):
         device = trainer.strategy.root_device if trainer else torch.device("cpu")
         base, idx = self.train_set.dataset, self.train_set.indices
         return DeviceBatches(base.images[idx].to(device), base.labels[idx].to(device), self.batch_size,
-                             self.seed, epoch=self._next_train_epoch,
+                             self.seed, position=self.position.begin,
                              rank=trainer.global_rank if trainer else 0,
                              world_size=trainer.world_size if trainer else 1,
                              padding=self.crop_padding, hflip=self.hflip)
-
-    def _next_train_epoch(self) -> int:
-        """Epochs are counted here, and saved in checkpoints: Lightning makes the first train iterator
-        of a resumed fit before it restores its own epoch counter."""
-        self._train_epochs += 1
-        return self._train_epochs - 1
-
-    def state_dict(self) -> dict:
-        return {"train_epochs": self._train_epochs}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self._train_epochs = state_dict.get("train_epochs", 0)
 
 
 def _skip_unreadable(batch):

@@ -44,31 +44,35 @@ def random_crop_flip(images: torch.Tensor, padding: int, hflip: bool = True,
 class DeviceBatches:
     """Batches of (uint8 images, labels) drawn from tensors already on the device.
 
-    Each epoch's order (and augmentation) comes from a generator seeded with (seed, epoch), so it
-    does not depend on the process's RNG state; under DDP rank r takes every world-th sample of that
-    order, so each process reads only its shard. The last incomplete batch is dropped.
+    Each epoch's order comes from a generator seeded with (seed, epoch), so it does not depend on the
+    process's RNG state; under DDP rank r takes every world-th sample of that order, so each process reads
+    only its shard. Each batch's crops and flips come from a generator seeded with (seed, epoch, rank,
+    batch), so an epoch can start at any batch exactly: ``position(batches)`` says which epoch a new
+    iterator is and its first batch (vit.resume.DataPosition). The last incomplete batch is dropped.
     """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, seed: int,
-                 epoch: Callable[[], int], rank: int = 0, world_size: int = 1, padding: int = 4,
-                 hflip: bool = True):
+                 position: Callable[[int], tuple[int, int]], rank: int = 0, world_size: int = 1,
+                 padding: int = 4, hflip: bool = True):
         self.images, self.labels = images, labels
-        self.batch_size, self.seed, self.epoch = batch_size, seed, epoch
+        self.batch_size, self.seed, self.position = batch_size, seed, position
         self.rank, self.world_size, self.padding, self.hflip = rank, world_size, padding, hflip
 
     def __len__(self) -> int:
         return (len(self.labels) // self.world_size) // self.batch_size
 
     def __iter__(self):
-        device, epoch = self.images.device, self.epoch()
-        # one order for all ranks (seed, epoch); each rank's own augmentation draws (seed, epoch, rank)
+        device = self.images.device
+        epoch, start = self.position(len(self))
+        # one order for all ranks (seed, epoch); each rank's own augmentation draws (seed, epoch, rank, batch)
         order = torch.randperm(len(self.labels), device=device,
                                generator=torch.Generator(device=device).manual_seed(self.seed * 1_000_003 + epoch))
-        g = torch.Generator(device=device).manual_seed((self.seed * 1_000_003 + epoch) * 7919 + self.rank + 1)
         shard = order[self.rank :: self.world_size]
-        for i in range(len(self)):
+        g = torch.Generator(device=device)
+        for i in range(start, len(self)):
             idx = shard[i * self.batch_size : (i + 1) * self.batch_size]
             images = self.images[idx]
             if self.padding > 0 or self.hflip:
+                g.manual_seed(((self.seed * 1_000_003 + epoch) * 7919 + self.rank + 1) * 100_003 + i)
                 images = random_crop_flip(images, self.padding, self.hflip, g)
             yield images, self.labels[idx]

@@ -65,8 +65,8 @@ EXITS = (
                               "step, the epoch, the last finite loss and what to try; no checkpoint with non-finite "
                               "weights is written (the last good `last.ckpt` and best checkpoint stay), no test is run"),
     Exit(4, Stopped, "stopped before the end, where it resumes: preempted on SLURM (SIGUSR1: every process stops at "
-                     "the same step; `train.sbatch` requeues the job, which resumes from its `last.ckpt`), or "
-                     "`--stop_after_minutes` (continue with `--ckpt_path last`)"),
+                     "the same step and writes it to `step.ckpt`; `train.sbatch` requeues the job, which resumes "
+                     "from there), or `--stop_after_minutes` (continue with `--ckpt_path last`)"),
     Exit(5, LostProcesses, "the processes of a multi-process run lost each other (one died, or a collective waited "
                            "longer than `--ddp_timeout`): one line from each process"),
 )

@@ -82,12 +82,14 @@ class StopOnSignal(L.Callback):
 
     SLURM sends SIGUSR1 before a time limit or a preemption (``#SBATCH --signal=SIGUSR1@90``); the
     handler only notes it. Every ``every_n_steps`` steps all processes agree (one all-reduce) whether
-    any of them got it; if so every process stops with ``Preempted`` (exit 4), writing nothing more, and
+    any of them got it; if so every process writes the step checkpoint of that step together
+    (``<run>/checkpoints/step.ckpt``: weights, optimizer, schedule, EMA, loops, each process's data
+    position and RNG states; vit.resume) and stops with ``Preempted`` (exit 4), and
     scripts/slurm/train.sbatch requeues the job (same job id, same run folder). The requeued job resumes
-    from the run's last.ckpt — the last completed epoch — and ends with exactly the weights of an
-    uninterrupted job. (Lightning's own handler saves a checkpoint from inside the signal handler,
-    issuing collectives in the middle of a step while the other ranks wait in backward: a deadlock,
-    Lightning #21406; vit.commands.train turns it off.) Outside a SLURM job this does nothing."""
+    from that checkpoint, mid-epoch, and ends with exactly the weights of an uninterrupted job. (Lightning's
+    own handler saves a checkpoint from inside the signal handler, issuing collectives in the middle of a
+    step while the other ranks wait in backward: a deadlock, Lightning #21406; vit.commands.train turns it
+    off.) Outside a SLURM job this does nothing."""
 
     def __init__(self, every_n_steps: int = 1):
         self.every_n_steps = max(1, every_n_steps)
@@ -105,22 +107,30 @@ class StopOnSignal(L.Callback):
         self.signalled = True
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if self.job and trainer.global_step % self.every_n_steps == 0:
+        from vit.resume import at_epoch_end
+
+        # not at an epoch's last step (every process is there alike): its end-of-epoch checkpoint follows
+        if self.job and trainer.global_step % self.every_n_steps == 0 and not at_epoch_end(trainer):
             self.check(trainer)
 
     def check(self, trainer) -> None:
+        from vit.runs import CHECKPOINTS, STEP
+
         if not trainer.strategy.reduce_boolean_decision(self.signalled, all=False):
             return
+        path = os.path.join(trainer.default_root_dir, CHECKPOINTS, STEP)
+        started = time.perf_counter()
+        trainer.save_checkpoint(path)  # every process: the checkpoint gathers each one's RNG states
+        seconds = time.perf_counter() - started
         if trainer.is_global_zero and any(isinstance(lg, WandbLogger) for lg in trainer.loggers):
             import wandb
 
             if wandb.run is not None:  # the logger's run, if it started
                 wandb.run.mark_preempting()
-        last = os.path.join(trainer.default_root_dir, "checkpoints", "last.ckpt")
-        resume = f"resumes from {last}" if os.path.isfile(last) else "starts again in its run folder (no epoch was completed)"
         raise Preempted(f"SLURM job {self.job} got SIGUSR1 (a time limit or preemption is near): stopped at step "
-                        f"{trainer.global_step}, in epoch {trainer.current_epoch}. Requeued by "
-                        f"scripts/slurm/train.sbatch under the same id, it {resume}.")
+                        f"{trainer.global_step}, in epoch {trainer.current_epoch}, and saved it to {path} "
+                        f"({seconds:.1f} s). Requeued by scripts/slurm/train.sbatch under the same id, it resumes "
+                        f"from there.")
 
 
 class StopAfterMinutes(L.Callback):

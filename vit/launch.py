@@ -49,3 +49,19 @@ def allocation() -> tuple[int, int] | None:
         per_node = int(env["LOCAL_WORLD_SIZE"])
         return per_node, int(env["WORLD_SIZE"]) // per_node
     return None
+
+
+def join_torchrun_group(device_type: str, timeout_seconds: float) -> None:
+    """Under torchrun, make the default process group here, before Lightning would.
+
+    Lightning passes the rank and world size to ``init_process_group`` explicitly; with them, torch 2.14
+    reads the worker addresses of torchrun's *previous* attempt from torchrun's store, so a group that
+    ``torchrun --max-restarts`` restarts cannot connect (gloo: "Connection refused" to a dead worker's
+    port; reproduced with a 10-line script, no Lightning). Without them torch reads the same numbers from
+    torchrun's environment and connects. Lightning then uses the group it finds."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    if torchrun_id() is not None and not dist.is_initialized():
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo", timeout=timedelta(seconds=timeout_seconds))

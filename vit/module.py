@@ -188,9 +188,12 @@ class ViTClassifier(L.LightningModule):
         self.log_dict({"train/loss": self.train_loss, "train/acc": self.train_acc}, on_step=False, on_epoch=True)
         return loss
 
-    def on_train_batch_end(self, outputs, batch, batch_idx):
+    def optimizer_step(self, *args, **kwargs):
+        """The update, then the EMA's: both before the step's callbacks, so that a checkpoint written at the
+        step's end (vit.resume) holds the EMA of this very step."""
+        super().optimizer_step(*args, **kwargs)
         if self.ema is not None:
-            self.ema.update(self.model, step=self.global_step)
+            self.ema.update(self.model, step=self.global_step + 1)  # Lightning counts the step after this hook
 
     def _evaluate(self, batch, loss_metric, acc, acc5, prefix: str):
         images, labels = batch

@@ -17,7 +17,8 @@ from vit.launch import launch_name
 
 CHECKPOINTS = "checkpoints"
 WANDB_ID = "wandb_id"
-LAST = "last.ckpt"
+LAST = "last.ckpt"  # at each epoch's end
+STEP = "step.ckpt"  # mid-epoch: every few minutes of training (base.yaml), and where a preempted job stopped
 ENV = "VIT_RUN_DIR"
 
 
@@ -42,12 +43,15 @@ def wandb_id(run: Path, known: str | None = None) -> str:
 
 
 def last_checkpoint(run: Path) -> Path | None:
-    path = run / CHECKPOINTS / LAST
-    return path if path.is_file() else None
+    """The run's newest checkpoint to resume from: last.ckpt (an epoch's end) or step.ckpt (the rolling
+    step checkpoint, or the preemption stop's), whichever was written last (Lightning writes each file
+    whole or not at all: a temporary file, then a move)."""
+    found = [p for p in (run / CHECKPOINTS / LAST, run / CHECKPOINTS / STEP) if p.is_file()]
+    return max(found, key=lambda p: p.stat().st_mtime_ns, default=None)
 
 
 def newest_run(root: Path) -> Path | None:
-    """The run under ``root`` whose last.ckpt was written last."""
+    """The run under ``root`` whose newest checkpoint was written last."""
     runs = [d for d in root.iterdir() if d.is_dir() and last_checkpoint(d)] if root.is_dir() else []
     return max(runs, key=lambda d: last_checkpoint(d).stat().st_mtime, default=None)
 
@@ -94,10 +98,11 @@ def resolve(root: Path, ckpt_path: str | None, name: str | None) -> tuple[Path, 
             raise RunError(f"--run {name}: {run} holds a run already; resume it with --ckpt_path last, "
                            f"or choose another name")
         run.mkdir(parents=True, exist_ok=True)
-        return run, ckpt, f"resuming {run} from its {LAST}" if ckpt else None
+        return run, ckpt, f"resuming {run} from its {ckpt.name}" if ckpt else None
     if ckpt_path == "last":
         run = newest_run(root)
         if run is not None:
-            return run, last_checkpoint(run), f"resuming {run} (the newest run under {root}) from its {LAST}"
-        return claim_new_version(root), None, f"--ckpt_path last: no run under {root} has a {LAST} yet; starting a new run"
+            ckpt = last_checkpoint(run)
+            return run, ckpt, f"resuming {run} (the newest run under {root}) from its {ckpt.name}"
+        return claim_new_version(root), None, f"--ckpt_path last: no run under {root} has a checkpoint yet; starting a new run"
     return claim_new_version(root), None, None

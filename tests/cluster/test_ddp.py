@@ -119,3 +119,37 @@ def test_torchrun_across_two_nodes_gives_one_run(tmp_path, fake_cifar_session):
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == sorted([best.name, "last.ckpt"])
     assert len(list((run / "wandb").glob("offline-run-*"))) == 1
     assert len(re.findall(TEST_LINE, out)) == 1
+
+
+def test_torchrun_restarts_a_killed_worker_and_the_group_ends_exact(tmp_path, fake_cifar_session):
+    """`torchrun --max-restarts 1`, 2 processes on 127.0.0.1, a step checkpoint after every step: rank 1
+    is killed with SIGKILL at step 5 of 7 in epoch 0. torchrun restarts the group; the new workers resume
+    from the run folder's step checkpoint (step 4): same folder, same W&B run, and the uninterrupted
+    group's weights."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+
+    def group(name: str, *extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(torchrun), "--nnodes", "1", "--nproc-per-node", "2", "--max-restarts", "1",
+                               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+                               "--rdzv-id", name, *TRAIN, "--data.root", str(fake_cifar_session),
+                               "--data.batch_size", "25", "--trainer.max_epochs", "2", "--trainer.accelerator", "cpu",
+                               "--ckpt_path", "last", "--step_checkpoint_minutes", "0.0001", *extra],
+                              cwd=tmp_path, env=user_env(), capture_output=True, text=True, timeout=400)
+
+    whole = group("whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    killed = group("killed", "--trainer.callbacks+=callbacks.CrashAtStep", "--trainer.callbacks.step", "5",
+                   "--trainer.callbacks.rank", "1")
+    out = killed.stdout + killed.stderr
+    assert killed.returncode == 0, out[-4000:]
+    assert re.search(r"exitcode\s*:\s*-9", out) and "resuming runs/smoke/torchrun-killed from its step.ckpt" in out, \
+        out[-4000:]
+    runs = tmp_path / "runs" / "smoke"
+    assert sorted(p.name for p in runs.iterdir()) == ["torchrun-killed", "torchrun-whole"]
+    ours, theirs = (load(runs / name / "checkpoints" / "last.ckpt") for name in ("torchrun-killed", "torchrun-whole"))
+    assert ours["global_step"] == theirs["global_step"] == 14
+    for key, value in theirs["state_dict"].items():
+        torch.testing.assert_close(ours["state_dict"][key], value, rtol=0, atol=0, msg=key)
+    wandb_runs = sorted((runs / "torchrun-killed" / "wandb").glob("offline-run-*"))
+    assert len(wandb_runs) == 2 and len({r.name.rsplit("-", 1)[1] for r in wandb_runs}) == 1  # one W&B run
+    assert len(re.findall(TEST_LINE, out)) == 1

@@ -56,31 +56,41 @@ def test_a_one_task_job_has_its_own_run_and_resumes_another_only_when_named(clon
     assert not (clone / "runs" / "smoke" / f"slurm-{named}").exists()
 
 
-def test_sigusr1_requeues_the_job_which_resumes_to_the_uninterrupted_weights(clone, fake_cifar_session):
-    """What `#SBATCH --signal=SIGUSR1@90` does before a time limit, sent in the second epoch."""
-    args = [*SMOKE, *data(fake_cifar_session), "--trainer.max_epochs", "3", "--trainer.log_every_n_steps", "1",
-            "--trainer.callbacks+=callbacks.SlowSteps", "--trainer.callbacks.seconds", "0.5"]
+def test_sigusr1_in_the_first_epoch_requeues_the_job_which_resumes_from_the_stop_step(clone, fake_cifar_session):
+    """What `#SBATCH --signal=SIGUSR1@90` does before a time limit, sent in the middle of the first epoch of
+    a 2-task job (7 steps per epoch; no epoch has ended, no step checkpoint is due): both tasks write the
+    stop step's checkpoint, the requeued job resumes from it, executes the remaining steps only, and
+    ends with the uninterrupted job's weights, in one W&B run."""
+    args = [*SMOKE, *data(fake_cifar_session), "--data.batch_size", "25", "--trainer.max_epochs", "2",
+            "--trainer.log_every_n_steps", "1", "--trainer.callbacks+=callbacks.SlowSteps",
+            "--trainer.callbacks.seconds", "0.5", "--trainer.callbacks+=callbacks.CountSteps"]
     whole = sbatch(clone, *args)
     assert wait(whole, clone)["JobState"] == "COMPLETED", log(clone, whole)[-3000:]
     job_id = sbatch(clone, *args)
     run = clone / "runs" / "smoke" / f"slurm-{job_id}"
     deadline = time.monotonic() + 600
-    while not (run / "checkpoints" / "last.ckpt").exists():  # epoch 0 done: the signal lands in epoch 1
+    while len((run / "steps.0").read_text().split() if (run / "steps.0").exists() else []) < 2:
         assert time.monotonic() < deadline, log(clone, job_id)[-3000:]
-        time.sleep(0.5)
-    time.sleep(1.0)
+        time.sleep(0.2)
     subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
     record = wait(job_id, clone)
     out = log(clone, job_id)
     assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", out[-4000:]
-    assert re.search(rf"stopped: SLURM job {job_id} got SIGUSR1 .*: stopped at step \d+, in epoch 1\. Requeued", out)
+    stop = re.search(rf"stopped: SLURM job {job_id} got SIGUSR1 .*: stopped at step (\d+), in epoch 0, and saved it "
+                     rf"to \S+step.ckpt \([\d.]+ s\)\. Requeued", out)
+    assert stop and 2 <= int(stop.group(1)) < 7, out[-4000:]
     assert f"requeueing job {job_id}" in out and f"job {job_id} (restart 1)" in out
-    assert f"resuming runs/smoke/slurm-{job_id} from its last.ckpt" in out
+    assert f"resuming runs/smoke/slurm-{job_id} from its step.ckpt" in out
     assert "Traceback" not in out
     ours, theirs = load(run / "checkpoints" / "last.ckpt"), load(clone / "runs/smoke" / f"slurm-{whole}/checkpoints/last.ckpt")
-    assert ours["epoch"] == theirs["epoch"] == 2 and ours["global_step"] == theirs["global_step"] == 12
+    assert ours["epoch"] == theirs["epoch"] == 1 and ours["global_step"] == theirs["global_step"] == 14
     delta = max_abs_diff(ours["state_dict"], theirs["state_dict"])
-    print(f"job {job_id} requeued once; max |dw| against job {whole}: {delta}")
+    for rank in (0, 1):  # steps executed over both attempts: the uninterrupted job's, the stop step at most once more
+        executed = (run / f"steps.{rank}").read_text().split()
+        uninterrupted = (clone / "runs/smoke" / f"slurm-{whole}" / f"steps.{rank}").read_text().split()
+        assert len(uninterrupted) == 14 and 14 <= len(executed) <= 15, executed
+    print(f"job {job_id} stopped at step {stop.group(1)}, requeued once; max |dw| against job {whole}: {delta}; "
+          f"steps executed: {len(executed)}")
     assert delta == 0
     wandb_runs = sorted((run / "wandb").glob("offline-run-*"))
     assert len(wandb_runs) == 2 and len({r.name.rsplit("-", 1)[1] for r in wandb_runs}) == 1  # one W&B run

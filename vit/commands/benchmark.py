@@ -14,9 +14,10 @@ parser.add_argument("--rounds", type=int, default=7, help="alternating rounds; t
 parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
 parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
 parser.add_argument("--output", help="write the results as JSON here")
-parser.add_argument("--sections", default="model,data,step,classify,startup",
+parser.add_argument("--sections", default="model,data,step,checkpoint,classify,startup",
                     help="comma-separated: model (ours vs timm), data (data path), step (whole training step), "
-                         "classify (throughput with decoding workers), startup (classify start-up time)")
+                         "checkpoint (the step checkpoint's cost), classify (throughput with decoding workers), "
+                         "startup (classify start-up time)")
 parser.add_argument("--workers", type=int, default=2, help="DataLoader workers for the data-path and classify comparisons")
 parser.add_argument("--classify-images", type=int, default=2000, help="generated images for the classify section")
 parser.add_argument("--data-images", type=int, default=20000)

@@ -35,6 +35,7 @@ from vit import exits
 from vit.callbacks import LogConfig, TimeToAccuracy
 from vit.guards import StopAfterMinutes, StopOnNonFinite, StopOnSignal
 from vit.progress import ModelSummary, ProgressBar
+from vit.resume import RNGStates, StepCheckpoint
 from vit.seeding import EpochSeed
 from vit.checkpoints import read_checkpoint
 from vit.exits import CheckpointError, ConfigError, Stopped
@@ -50,6 +51,8 @@ warnings.filterwarnings("ignore", message=r".*when using `ckpt_path`, callbacks 
 warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty", module="lightning")  # a resume
 warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system but is not used")  # a login node
 warnings.filterwarnings("ignore", message=r"Encountered `nan` values in tensor", module="torchmetrics")  # exit 3 says it
+# vit.resume restores the train loader's position itself (Lightning restores stateful loaders too late for us)
+warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
 
 
 class HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -121,6 +124,10 @@ class ViTCLI(LightningCLI):
         parser.add_argument("--stop_after_minutes", type=Optional[PositiveFloat], default=None,
                             help="end this command in time for a wall-clock limit on it: at the end of the last "
                                  "epoch that fits (exit 4); --ckpt_path last continues the run exactly")
+        parser.add_argument("--step_checkpoint_minutes", type=Optional[PositiveFloat], default=10.0,
+                            help="write <run>/checkpoints/step.ckpt every this many minutes of training, mid-epoch "
+                                 "(null: never): after a crash, --ckpt_path last resumes from the newer of it and "
+                                 "last.ckpt, exactly, losing at most this much")
         parser.link_arguments("model.arch.image_size", "data.init_args.image_size")
         parser.link_arguments("data.num_classes", "model.arch.num_classes", apply_on="instantiate")
 
@@ -199,13 +206,15 @@ class ViTCLI(LightningCLI):
         """Every run's own callbacks, attached here and nowhere else (a recipe lists only what it chooses:
         checkpoints, throughput, W&B media, time to accuracy): exact resume (epoch seeds), the divergence
         and preemption stops (looked at every log_every_n_steps steps), the run's clock and record, the
-        learning rate in the logs, --stop_after_minutes, and vit.progress.ProgressBar and ModelSummary
+        learning rate in the logs, --stop_after_minutes, the rolling step checkpoint and each process's RNG
+        states in checkpoints (exact mid-epoch resume, vit.resume), and vit.progress.ProgressBar and ModelSummary
         unless one is configured or turned off."""
         from lightning.pytorch.callbacks import LearningRateMonitor
 
 
         every = config.get("log_every_n_steps") or 50
-        callbacks = [EpochSeed(), StopOnNonFinite(every), StopOnSignal(every), results.TrainingClock()]
+        # StopOnSignal after the clock: its checkpoint of the stop step holds that step's count
+        callbacks = [EpochSeed(), RNGStates(), StopOnNonFinite(every), results.TrainingClock(), StopOnSignal(every)]
         if config.get("logger", True) not in (False, []):
             callbacks.append(LearningRateMonitor("step"))
         if config.get("enable_progress_bar") is not False and \
@@ -214,6 +223,9 @@ class ViTCLI(LightningCLI):
         if config.get("enable_model_summary") is not False and \
                 not any(isinstance(c, LightningModelSummary) for c in configured):
             callbacks.append(ModelSummary())
+        if self.config.get("step_checkpoint_minutes"):  # the rolling step checkpoint (vit.runs.STEP)
+            callbacks.append(StepCheckpoint(Path(config.get("default_root_dir")) / runs.CHECKPOINTS,
+                                            self.config.step_checkpoint_minutes))
         if self.config.get("stop_after_minutes"):
             callbacks.append(StopAfterMinutes(self.config.stop_after_minutes))
         return callbacks
@@ -250,6 +262,8 @@ class ViTCLI(LightningCLI):
 
     def fit(self) -> None:
         ckpt = str(self.resume[0]) if self.resume else None
+        if self.trainer.world_size > 1:
+            launch.join_torchrun_group(self.trainer.strategy.root_device.type, self.config.ddp_timeout)
         self.trainer.fit(self.model, datamodule=self.datamodule, ckpt_path=ckpt)
         limit = next((cb for cb in self.trainer.callbacks if isinstance(cb, StopAfterMinutes)), None)
         if limit is not None and limit.stopped_at is not None:

@@ -1,0 +1,185 @@
+"""Exact resume from any step, mid-epoch included. Lightning's checkpoint holds the weights, optimizer, lr
+scheduler, loops and callbacks' states; a step checkpoint also needs each process's position in its data
+and its RNG states, which live here.
+
+- **Data.** Every random draw of a training sample depends only on (data seed, epoch, the sample's position
+  in the epoch's order): ``EpochOrder`` yields (index, seed) pairs from a seeded permutation, sharded by
+  rank, and ``SeededSamples`` applies the per-image augmentation under that seed, in whichever worker. A
+  resumed epoch starts at the first batch the loop had not consumed (``DataPosition``, the datamodule's
+  state in the checkpoint); the device pipeline (vit.device_data) does the same per batch. The position is
+  what the training loop consumed, not what the loader produced: workers and Lightning's prefetching run
+  ahead of training.
+- **The training process's own draws** (dropout, stochastic depth, token dropping, Mixup/CutMix, random
+  erasing): ``RNGStates`` keeps every process's torch, CUDA, numpy and python RNG states in each
+  checkpoint and sets them again right before the step after the one the checkpoint was taken at.
+
+Epoch boundaries need neither: vit.seeding.EpochSeed seeds each epoch from (run seed, epoch, rank).
+Lightning restores stateful loaders only after it has made the first iterator (our ``configure_optimizers``
+asks for the run's length), so the position is the datamodule's state, restored before that.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import lightning as L
+import numpy as np
+from lightning.pytorch.callbacks import ModelCheckpoint
+import torch
+from torch.utils.data import Dataset, DistributedSampler
+
+
+def sample_seed(seed: int, epoch: int, position: int) -> int:
+    """The seed of the augmentation of the sample at ``position`` of epoch ``epoch``'s order."""
+    return ((seed * 1_000_003 + epoch) * 2_654_435_761 + position) % 2**63
+
+
+def consumed_batches(trainer) -> int:
+    """Training batches of the current epoch that the loop has finished (its step done)."""
+    return trainer.fit_loop.epoch_loop.batch_progress.current.processed
+
+
+class DataPosition:
+    """Which epoch a new train iterator is, and its first batch. Epochs are counted as iterators are made
+    (Lightning makes the first one of a fit before it restores its own epoch counter); a checkpoint taken
+    mid-epoch makes the next iterator continue that epoch after its consumed batches."""
+
+    def __init__(self):
+        self.epochs = 0  # iterators made
+        self.epoch = 0  # the newest iterator's epoch
+        self.resume_at: tuple[int, int] | None = None  # (epoch, consumed batches) of a mid-epoch checkpoint
+
+    def begin(self, batches: int) -> tuple[int, int]:
+        """(epoch, first batch) of a new iterator over ``batches`` batches."""
+        resume, self.resume_at = self.resume_at, None
+        if resume is not None and 0 < resume[1] < batches:
+            self.epoch, start = resume
+        else:
+            self.epoch, start = self.epochs, 0
+            self.epochs += 1
+        return self.epoch, start
+
+    def state_dict(self, trainer) -> dict:
+        return {"train_epochs": self.epochs, "epoch": self.epoch,
+                "batches": consumed_batches(trainer) if trainer is not None else 0}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epochs = state.get("train_epochs", 0)
+        self.resume_at = (state["epoch"], state["batches"]) if "batches" in state else None
+
+
+class EpochOrder(DistributedSampler):
+    """Each epoch a permutation seeded with (seed, epoch), the same on every rank; rank r takes positions
+    r, r + world, …, in whole batches. Yields (index, sample seed) for ``SeededSamples``. A
+    DistributedSampler, so that Lightning leaves it in place under DDP."""
+
+    def __init__(self, dataset, batch_size: int, seed: int, position: DataPosition, rank: int = 0,
+                 world_size: int = 1):
+        super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.batch_size, self.position = batch_size, position
+
+    def __len__(self) -> int:
+        return len(self.dataset) // self.num_replicas // self.batch_size * self.batch_size
+
+    def __iter__(self):
+        epoch, start = self.position.begin(len(self) // self.batch_size)
+        order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch))
+        for i in range(start * self.batch_size, len(self)):
+            position = self.rank + self.num_replicas * i
+            yield int(order[position]), sample_seed(self.seed, epoch, position)
+
+
+class SeededSamples(Dataset):
+    """``dataset[index]`` with the CPU RNG seeded by the sample's seed for its transform, the caller's RNG
+    state left as it was (the training process's draws stay its own when num_workers is 0)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, item: tuple[int, int]):
+        index, seed = item
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(seed)
+            return self.dataset[index]
+
+
+def rng_states() -> dict:
+    """This process's RNG states, in plain types and tensors (checkpoints load with weights_only=True)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss = random.getstate()
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None,
+            "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+            "python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss}}
+
+
+def set_rng_states(states: dict) -> None:
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(states["cuda"])
+    n = states["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    p = states["python"]
+    random.setstate((p["version"], tuple(p["internal"].tolist()), p["gauss"]))
+
+
+class RNGStates(L.Callback):
+    """Every process's RNG states in each checkpoint (gathered from all processes: every process writes
+    the checkpoint's state together, so each issues the one all-gather), set again before the first step
+    of the resumed run when that continues the checkpoint's epoch at the same batch."""
+
+    def __init__(self):
+        self.pending: dict | None = None
+        self._trainer = None
+
+    def state_dict(self) -> dict:
+        trainer = self._trainer
+        mine = rng_states()
+        states = [mine]
+        if trainer is not None and trainer.world_size > 1 and torch.distributed.is_initialized():
+            states = [None] * trainer.world_size
+            torch.distributed.all_gather_object(states, mine)
+        epoch = trainer.current_epoch if trainer is not None else 0
+        return {"epoch": epoch, "batches": consumed_batches(trainer) if trainer is not None else 0, "states": states}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.pending = state_dict
+
+    def setup(self, trainer, pl_module, stage):
+        self._trainer = trainer
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        pending, self.pending = self.pending, None
+        if (pending and pending["batches"] > 0 and len(pending["states"]) == trainer.world_size
+                and (pending["epoch"], pending["batches"]) == (trainer.current_epoch, consumed_batches(trainer))):
+            set_rng_states(pending["states"][trainer.global_rank])
+
+
+def at_epoch_end(trainer) -> bool:
+    """Whether the step just taken was the epoch's last: its end-of-epoch checkpoints follow, after the
+    validation. A step checkpoint there would be resumed as a finished epoch and skip that validation."""
+    return consumed_batches(trainer) >= trainer.num_training_batches
+
+
+class StepCheckpoint(ModelCheckpoint):
+    """The rolling step checkpoint: ``<run>/checkpoints/step.ckpt``, rewritten every ``minutes`` of
+    training (Lightning's ``train_time_interval``), mid-epoch; never at an epoch's last step (it is due
+    again at the next one)."""
+
+    def __init__(self, dirpath, minutes: float):
+        from datetime import timedelta
+
+        from vit.runs import STEP
+
+        super().__init__(dirpath=dirpath, filename=STEP.removesuffix(".ckpt"), enable_version_counter=False,
+                         train_time_interval=timedelta(minutes=minutes))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if not at_epoch_end(trainer):
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
