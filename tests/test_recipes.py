@@ -2,9 +2,6 @@
 Mixup/CutMix, Muon, workers, resize stages), then tests: a recipe nobody ran can crash at its first step.
 vit_cifar10_fast (torch.compile) runs as a user runs it in tests/test_compile.py."""
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -18,10 +15,20 @@ def test_every_recipe_is_run_by_a_test():
     assert set(configs.names()) == set(HERE) | {"vit_cifar10_fast"}
 
 
+@pytest.fixture(scope="module")
+def small_cifar(tmp_path_factory):
+    """200 training and 50 test images: the finetune recipe tests a ViT-S at 224 px."""
+    from conftest import make_fake_cifar
+
+    return make_fake_cifar(tmp_path_factory.mktemp("small") / "data", per_batch=40, test_size=50)
+
+
 @pytest.mark.parametrize("recipe", HERE)
-def test_a_recipe_trains_a_few_steps_with_its_own_settings(recipe, tmp_path, fake_cifar_session):
-    import os
+def test_a_recipe_trains_a_few_steps_with_its_own_settings(recipe, tmp_path, small_cifar, monkeypatch, caplog):
+    """vit-train's main() in this process (the command itself runs in test_train.py and test_compile.py)."""
     import re
+
+    from vit.commands.train import main
 
     extra = []
     if recipe == "finetune_cifar10":  # its timm weights, randomly initialised (no download here)
@@ -30,13 +37,13 @@ def test_a_recipe_trains_a_few_steps_with_its_own_settings(recipe, tmp_path, fak
         weights = tmp_path / "vit_small_patch16_224.pth"
         torch.save(timm.create_model("vit_small_patch16_224", pretrained=False).state_dict(), weights)
         extra = ["--model.pretrained", str(weights)]
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--config", recipe, *extra,
-                           "--data.root", str(fake_cifar_session), "--data.val_size", "100", "--data.batch_size", "50",
-                           "--trainer.max_steps", "2", "--trainer.max_epochs", "1", "--trainer.limit_val_batches", "1"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert re.search(TEST_LINE, proc.stderr), proc.stderr[-2000:]
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.chdir(tmp_path)
+    code = main(["--config", recipe, *extra, "--data.root", str(small_cifar), "--data.val_size", "50",
+                 "--data.batch_size", "50", "--trainer.max_steps", "2", "--trainer.max_epochs", "1",
+                 "--trainer.limit_val_batches", "1"])
+    assert code == 0, caplog.text[-3000:]
+    assert re.search(TEST_LINE, caplog.text), caplog.text[-2000:]
     import yaml
 
     ran = yaml.safe_load((tmp_path / "runs" / recipe / "version_0" / "config.yaml").read_text())
