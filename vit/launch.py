@@ -52,16 +52,27 @@ def allocation() -> tuple[int, int] | None:
 
 
 def join_torchrun_group(device_type: str, timeout_seconds: float) -> None:
-    """Under torchrun, make the default process group here, before Lightning would.
+    """Under torchrun, make the default process group here, before Lightning would, with keys of its own
+    per attempt.
 
-    Lightning passes the rank and world size to ``init_process_group`` explicitly; with them, torch 2.14
-    reads the worker addresses of torchrun's *previous* attempt from torchrun's store, so a group that
-    ``torchrun --max-restarts`` restarts cannot connect (gloo: "Connection refused" to a dead worker's
-    port; reproduced with a 10-line script, no Lightning). Without them torch reads the same numbers from
-    torchrun's environment and connects. Lightning then uses the group it finds."""
+    ``torchrun --max-restarts`` restarts the group against the same store, its agent's. Each worker
+    writes its address into that store; torch 2.14 keys them the same in every attempt, so a restarted
+    worker can read the address of a worker of the previous attempt and fail to connect (gloo:
+    "Connection refused" to a dead worker's port; reproduced with a 10-line torch script, no Lightning).
+    A ``PrefixStore`` named after torchrun's attempt keeps the attempts apart. Lightning then uses the
+    group it finds."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    if torchrun_id() is not None and not dist.is_initialized():
-        dist.init_process_group("nccl" if device_type == "cuda" else "gloo", timeout=timedelta(seconds=timeout_seconds))
+    if torchrun_id() is None or dist.is_initialized():
+        return
+    timeout = timedelta(seconds=timeout_seconds)
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":  # each attempt's rank 0 hosts a new store
+        dist.init_process_group(backend, timeout=timeout)
+        return
+    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    store = dist.PrefixStore(f"vit/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", agent)
+    dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                            timeout=timeout)
