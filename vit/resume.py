@@ -85,9 +85,10 @@ class EpochOrder(DistributedSampler):
     def __iter__(self):
         epoch, start = self.position.begin(len(self) // self.batch_size)
         order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch))
+        order = order.tolist()  # (plain ints: no tensor indexing per image)
         for i in range(start * self.batch_size, len(self)):
             position = self.rank + self.num_replicas * i
-            yield int(order[position]), sample_seed(self.seed, epoch, position)
+            yield order[position], sample_seed(self.seed, epoch, position)
 
 
 class SeededSamples(Dataset):
