@@ -30,6 +30,10 @@ def test_benchmark_quick_writes_json(tmp_path):
     (step,) = report["step"]
     assert step["img_s"] > 0 and step["gflop_per_img"] > 0
     assert step["achieved_tflops"] == pytest.approx(step["img_s"] * step["gflop_per_img"] / 1000)
+    assert [row["recipe"] for row in report["checkpoint"]] == ["vit_cifar10", "cpu"]
+    for row in report["checkpoint"]:  # the step checkpoint's cost, as README's preemption paragraph gives it
+        assert row["s_per_save"] > 0 and row["MB"] > 0
+        assert row["share_percent"] == pytest.approx(100 * row["s_per_save"] / (60 * row["interval_min"]), abs=1e-4)
     assert report["startup"]["s_classify"] > 0 and report["startup"]["ratio"] > 0
     assert "train_ratio" in proc.stdout and "ratio_device_vs_torchvision" in proc.stdout
 

@@ -4,6 +4,7 @@ plan runs at toy scale on CPU (--quick), a long run continued across commands.""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,18 @@ def test_readme_tables_are_the_rendering_of_the_committed_records():
         if "test_top1" in record:  # each figure of a run's row is in README as the record has it
             assert f"**{record['test_top1']:.2f} %** ({record['test_top5']:.2f} %)" in text
     assert run_figures("--check").returncode == 0
+
+
+def test_render_rewrites_stale_tables_from_the_records(tmp_path):
+    """`make figures ARGS=--render`: measures nothing, rewrites a table that differs from its records."""
+    readme = tmp_path / "README.md"
+    shutil.copytree(ROOT / "results", tmp_path / "results")
+    text = (ROOT / "README.md").read_text()
+    block = next(figures.BLOCK.finditer(text))
+    readme.write_text(text.replace(block.group(0), f"<!-- figures: {block['table']} -->\nstale\n<!-- /figures -->"))
+    proc = run_figures("--render", "--readme", str(readme), "--results", str(tmp_path / "results"))
+    assert proc.returncode == 0, proc.stderr
+    assert f"rendered {readme}" in proc.stdout and readme.read_text() == text
 
 
 def test_a_row_without_a_record_is_pending_and_paths_are_not_shown(tmp_path):
