@@ -36,6 +36,17 @@ def make_fake_cifar(root: Path, per_batch: int = 100, test_size: int = 200, seed
     return root
 
 
+@pytest.fixture(autouse=True)
+def same_torch_threads():
+    """Every test starts with the same torch thread count: a command's main() run in this process may set it
+    (vit-classify with decoding workers on every core sets 1), and a run's float sums depend on it."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def fake_cifar(tmp_path) -> Path:
     return make_fake_cifar(tmp_path / "data")
@@ -48,18 +59,10 @@ def fake_cifar_session(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def trained_checkpoint(tmp_path_factory, fake_cifar_session) -> Path:
-    """A real checkpoint of scripts/train.py (smoke recipe, 1 epoch on the fake data)."""
-    import os
-    import subprocess
-    import sys
+    """A real checkpoint of vit-train (smoke recipe, 2 epochs on the fake data), made in this process."""
+    from test_train import train_here
 
     cwd = tmp_path_factory.mktemp("trained")
-    env = {**os.environ, "WANDB_MODE": "disabled"}
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "train.py"), "--config", "smoke",
-         "--data.root", str(fake_cifar_session), "--data.val_size", "100",
-         "--data.num_workers", "0", "--trainer.max_epochs", "2", "--trainer.logger", "false",
-         "--test_after_fit", "false", "--trainer.enable_progress_bar", "false"],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert train_here(cwd, fake_cifar_session, "--trainer.max_epochs", "2", "--trainer.logger", "false",
+                      "--test_after_fit", "false") == 0
     return cwd / "runs" / "smoke" / "version_0" / "checkpoints" / "last.ckpt"

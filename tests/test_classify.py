@@ -16,8 +16,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(script, *args, timeout=300):
+    """README's command end to end, in a subprocess."""
     return subprocess.run([sys.executable, str(ROOT / "scripts" / script), *map(str, args)],
                           capture_output=True, text=True, timeout=timeout)
+
+
+def run_here(script, *args):
+    """The same command's main() in this process (its options, without a subprocess's start-up):
+    an object with returncode, stdout and stderr, as ``run`` gives."""
+    import contextlib
+    import importlib
+    import io
+
+    main = importlib.import_module(f"vit.commands.{script.removesuffix('.py')}").main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in args])
+    return subprocess.CompletedProcess(script, code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +79,8 @@ def test_text_output_one_line_per_image_with_top_k(trained_checkpoint, images):
 
 def test_json_and_bad_inputs_keep_the_good_results(trained_checkpoint, images):
     good, bad = images
-    proc = run("classify.py", "--checkpoint", trained_checkpoint, good / "photo.png", bad, good / "missing.png",
-               good / "grey.png", "--json", "--batch-size", "1")
+    proc = run_here("classify.py", "--checkpoint", trained_checkpoint, good / "photo.png", bad, good / "missing.png",
+                    good / "grey.png", "--json", "--batch-size", "1")
     assert proc.returncode == 1, proc.stderr
     results = {Path(r["image"]).name: r for r in json.loads(proc.stdout)}
     for name in ("photo.png", "grey.png"):
@@ -83,7 +98,7 @@ def test_json_and_bad_inputs_keep_the_good_results(trained_checkpoint, images):
 
 def test_text_mode_errors_are_one_line_each_on_stderr(trained_checkpoint, images):
     good, bad = images
-    proc = run("classify.py", "--checkpoint", trained_checkpoint, bad / "notes.png", good / "photo.png")
+    proc = run_here("classify.py", "--checkpoint", trained_checkpoint, bad / "notes.png", good / "photo.png")
     assert proc.returncode == 1
     assert proc.stderr.strip().count("\n") == 0 and "notes.png: error:" in proc.stderr
     assert proc.stdout.startswith(str(good / "photo.png"))
@@ -100,7 +115,7 @@ def test_probabilities_match_validation_preprocessing(trained_checkpoint, fake_c
     dm.setup("fit")
     image, _ = dm.val_set[0]
     Image.fromarray(image.permute(1, 2, 0).numpy()).save(tmp_path / "val0.png")
-    proc = run("classify.py", "--checkpoint", trained_checkpoint, tmp_path / "val0.png", "--json", "--top-k", "10")
+    proc = run_here("classify.py", "--checkpoint", trained_checkpoint, tmp_path / "val0.png", "--json", "--top-k", "10")
     preds = json.loads(proc.stdout)[0]["predictions"]
     with torch.no_grad():
         expected = model(image[None]).softmax(-1)[0]
@@ -128,7 +143,7 @@ def test_bad_checkpoints_exit_2_with_one_line(trained_checkpoint, images, tmp_pa
     cases = {"evil.ckpt": "refused", "corrupt.ckpt": "not a readable checkpoint", "foreign.ckpt": "not a vit",
              "mismatch.ckpt": "incompatible", "absent.ckpt": "no such checkpoint file"}
     for name, message in cases.items():
-        proc = run("classify.py", "--checkpoint", tmp_path / name, good / "photo.png")
+        proc = run_here("classify.py", "--checkpoint", tmp_path / name, good / "photo.png")
         assert proc.returncode == 2, (name, proc.stderr)
         assert message in proc.stderr and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, name
     assert not marker.exists()  # the crafted pickle did not run
@@ -158,8 +173,8 @@ def test_export_round_trip_safetensors(trained_checkpoint, images, tmp_path):
     assert exported.class_names == reference.class_names and json.loads((tmp_path / "model.json").read_text())["mean"]
     with torch.no_grad():
         torch.testing.assert_close(exported.model(x), expected, rtol=0, atol=0)
-    by_export = run("classify.py", "--checkpoint", tmp_path / "model.safetensors", good / "photo.png", "--json")
-    by_ckpt = run("classify.py", "--checkpoint", trained_checkpoint, good / "photo.png", "--json")
+    by_export = run_here("classify.py", "--checkpoint", tmp_path / "model.safetensors", good / "photo.png", "--json")
+    by_ckpt = run_here("classify.py", "--checkpoint", trained_checkpoint, good / "photo.png", "--json")
     assert json.loads(by_export.stdout) == json.loads(by_ckpt.stdout)
 
 
@@ -173,17 +188,18 @@ def test_rollout_cli_writes_a_figure_per_image(trained_checkpoint, images, tmp_p
     for name in ("photo_rollout.png", "grey_rollout.png"):
         with Image.open(out / name) as fig:
             assert fig.width > 3 * fig.height / 2  # three panels side by side
-    proc = run("rollout.py", "--checkpoint", trained_checkpoint, good / "photo.png", "--output-dir", out,
-               "--method", "gradient", "--class", "cat")
+    proc = run_here("rollout.py", "--checkpoint", trained_checkpoint, good / "photo.png", "--output-dir", out,
+                    "--method", "gradient", "--class", "cat")
     assert proc.returncode == 0 and "why cat (" in proc.stdout
-    proc = run("rollout.py", "--checkpoint", trained_checkpoint, good / "photo.png", "--output-dir", out,
-               "--class", "unicorn")
+    proc = run_here("rollout.py", "--checkpoint", trained_checkpoint, good / "photo.png", "--output-dir", out,
+                    "--class", "unicorn")
     assert proc.returncode == 2 and "unicorn" in proc.stderr
 
 
 @pytest.mark.parametrize("fmt", ["csv", "json"])
 def test_classify_at_scale_writes_results_in_input_order(trained_checkpoint, images, tmp_path, fmt):
-    """Many images through 2 decoding workers, bad files among them: every file gets its row, in order."""
+    """Many images through 2 decoding workers, bad files among them: every file gets its row, in order.
+    README's command (--output results.csv) in a subprocess, the json output in this process."""
     import csv
 
     good, bad = images
@@ -194,8 +210,9 @@ def test_classify_at_scale_writes_results_in_input_order(trained_checkpoint, ima
         Image.fromarray(rng.integers(0, 256, (20 + i, 30, 3), dtype=np.uint8)).save(folder / f"{i:03d}.png")
     (folder / "045b.png").write_text("not an image")
     out = tmp_path / f"results.{fmt}"
-    proc = run("classify.py", "--checkpoint", trained_checkpoint, folder, bad / "empty.jpg", "--workers", "2",
-               "--batch-size", "16", "--top-k", "2", "--output", out)
+    proc = (run if fmt == "csv" else run_here)("classify.py", "--checkpoint", trained_checkpoint, folder,
+                                               bad / "empty.jpg", "--workers", "2", "--batch-size", "16", "--top-k",
+                                               "2", "--output", out)
     assert proc.returncode == 1, proc.stderr
     expected = [str(p) for p in sorted(folder.iterdir())] + [str(bad / "empty.jpg")]
     if fmt == "csv":
@@ -211,8 +228,8 @@ def test_classify_at_scale_writes_results_in_input_order(trained_checkpoint, ima
     assert set(errors) == {"045b.png", "empty.jpg"} and "empty file" in errors["empty.jpg"]
     assert "wrote 92 results (2 errors)" in proc.stderr and "%|" in proc.stderr  # the progress bar
     # the same answers as one process classifying them
-    single = run("classify.py", "--checkpoint", trained_checkpoint, folder, bad / "empty.jpg", "--workers", "0",
-                 "--top-k", "2", "--json")
+    single = run_here("classify.py", "--checkpoint", trained_checkpoint, folder, bad / "empty.jpg", "--workers", "0",
+                      "--top-k", "2", "--json")
     by_path = {r["image"]: r for r in json.loads(single.stdout)}
     if fmt == "json":
         assert rows == [by_path[p] for p in expected]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from test_train import QUIET, train
+from test_train import QUIET, train, train_here
 from vit import exits
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,15 +39,30 @@ def test_help_shows_the_exit_table(capsys):
     assert "exit status: 0 done 1 a bug" in out and "5 the processes of a multi-process run lost each other" in out
 
 
-@pytest.mark.parametrize("error", ["ValueError", "FileNotFoundError", "KeyError"])
-def test_a_users_callback_that_raises_mid_training_is_a_bug_with_its_traceback(tmp_path, fake_cifar_session, error):
+def test_a_users_callback_that_raises_mid_training_is_exit_1_with_its_traceback(tmp_path, fake_cifar_session):
+    """The command as a user runs it: Python's exit 1 and the whole traceback, no error line."""
     proc = train(tmp_path, fake_cifar_session, "--trainer.callbacks+=callbacks.RaiseMidTraining",
-                 f"--trainer.callbacks.error={error}", "--trainer.logger", "false")
+                 "--trainer.callbacks.error=ValueError", "--trainer.logger", "false")
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "Traceback (most recent call last)" in proc.stderr
     assert re.search(r"callbacks\.py\", line \d+, in on_train_batch_end", proc.stderr)
-    assert f"{error}: " in proc.stderr and "a bug in the user's callback" in proc.stderr
+    assert "ValueError: a bug in the user's callback" in proc.stderr
     assert not [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.parametrize("error", ["ValueError", "FileNotFoundError", "KeyError"])
+def test_a_users_callback_that_raises_mid_training_is_a_bug_main_does_not_catch(tmp_path, fake_cifar_session, error,
+                                                                                capsys):
+    """Whatever the built-in type, vit-train's main() lets it through with its traceback (this process)."""
+    import builtins
+    import traceback
+
+    with pytest.raises(getattr(builtins, error), match="a bug in the user's callback") as raised:
+        train_here(tmp_path, fake_cifar_session, "--trainer.callbacks+=callbacks.RaiseMidTraining",
+                   f"--trainer.callbacks.error={error}", "--trainer.logger", "false")
+    (frame, *_) = reversed(traceback.extract_tb(raised.tb))
+    assert frame.name == "on_train_batch_end" and frame.filename.endswith("callbacks.py")
+    assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
 
 
 def test_a_bad_value_is_still_exit_2_with_one_line(tmp_path, capsys, monkeypatch):

@@ -11,6 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
+from test_classify import run_here
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -58,18 +60,21 @@ def test_model_card_and_classify_from_the_folder(trained_checkpoint, timm_folder
     assert "library_name: timm" in card and "airplane, automobile" in card and "local-dir:" in card
     Image.fromarray(np.random.default_rng(1).integers(0, 256, (40, 50, 3), dtype=np.uint8)).save(tmp_path / "a.png")
     by_folder = run("classify.py", "--checkpoint", f"local-dir:{timm_folder}", tmp_path / "a.png", "--json")
-    by_ckpt = run("classify.py", "--checkpoint", trained_checkpoint, tmp_path / "a.png", "--json")
+    by_ckpt = run_here("classify.py", "--checkpoint", trained_checkpoint, tmp_path / "a.png", "--json")
     assert by_folder.returncode == 0, by_folder.stderr
     assert json.loads(by_folder.stdout) == json.loads(by_ckpt.stdout)
-    proc = run("classify.py", "--checkpoint", f"local-dir:{tmp_path}", tmp_path / "a.png")
+    proc = run_here("classify.py", "--checkpoint", f"local-dir:{tmp_path}", tmp_path / "a.png")
     assert proc.returncode == 2 and "config.json is missing" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_push_to_hub_without_a_token_is_one_line(trained_checkpoint, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
-    env["HF_HOME"] = str(tmp_path / "hf")  # no stored login
-    proc = run("export.py", "--checkpoint", trained_checkpoint, "--output", tmp_path / "out", "--push-to-hub",
-               "someone/vit-cifar", env=env)
+def test_push_to_hub_without_a_token_is_one_line(trained_checkpoint, tmp_path, monkeypatch):
+    for key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "hf" / "token"))  # no login
+    proc = run_here("export.py", "--checkpoint", trained_checkpoint, "--output", tmp_path / "out", "--push-to-hub",
+                    "someone/vit-cifar")
     assert proc.returncode == 2 and proc.stderr.strip().startswith("error: no Hugging Face token"), proc.stderr
     assert proc.stderr.count("\n") == 1
 
@@ -98,7 +103,8 @@ def test_onnx_is_one_file_taking_uint8_images(trained_checkpoint, tmp_path):
 
     from vit.inference import load_classifier
 
-    assert run("export.py", "--checkpoint", trained_checkpoint, "--output", tmp_path / "model.safetensors").returncode == 0
+    assert run_here("export.py", "--checkpoint", trained_checkpoint,
+                    "--output", tmp_path / "model.safetensors").returncode == 0
     sidecar = (tmp_path / "model.json").read_text()
     proc = run("export.py", "--checkpoint", trained_checkpoint, "--output", tmp_path / "model.onnx")
     assert proc.returncode == 0, proc.stderr

@@ -1,7 +1,8 @@
-"""Accuracy-per-FLOP options of the recipe (issue 17): Muon for the blocks' matrices, progressive
-resizing, token dropping (timm's PatchDropout), an EMA of the weights (timm's ModelEmaV3). One set of runs
-with all of them on: each trains, resumes bit-exact (mid-stage, across the resize switches), the EMA
-weights are the ones tested, classified and exported, and the checkpoint classifies at full size."""
+"""Accuracy-per-FLOP options of the recipe: Muon for the blocks' matrices, progressive resizing, token
+dropping (timm's PatchDropout), an EMA of the weights (timm's ModelEmaV3). One run with all of them on, through
+vit-train's main() in this process: the EMA weights are the ones tested, classified and exported, and the
+checkpoint classifies at full size. That these runs resume bit-exact, mid-epoch and across the resize
+switches, is tests/test_resume.py's matrix."""
 
 import re
 from pathlib import Path
@@ -9,48 +10,48 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_train import TEST_LINE, load, train
+from test_train import TEST_LINE, load, train_here
 
-# 16 steps, 8 per epoch: 16 px for steps 0-3, 24 px for 4-11, 32 px for 12-15; the resumed run restarts
-# at step 8, inside the 24-px stage, and crosses the switch to full size
+# 16 steps, 8 per epoch: 16 px for steps 0-3, 24 px for 4-11, 32 px for 12-15
 LEVERS = ["--model.optimizer", "muon", "--model.ema_decay", "0.9", "--model.arch.patch_drop", "0.25",
-          "--model.resize_stages", "[[16, 0.25], [24, 0.75]]", "--trainer.max_epochs", "2", "--data.num_workers", "0"]
+          "--model.resize_stages", "[[16, 0.25], [24, 0.75]]", "--trainer.max_epochs", "2", "--data.num_workers", "0",
+          "--trainer.logger", "false"]
 
 
 @pytest.fixture(scope="module")
-def lever_runs(tmp_path_factory, fake_cifar_session):
-    full, part = tmp_path_factory.mktemp("full"), tmp_path_factory.mktemp("part")
-    whole = train(full, fake_cifar_session, *LEVERS, quiet=False)  # as a user runs it: progress lines, W&B on
-    first = train(part, fake_cifar_session, *LEVERS, "--trainer.logger", "false", "--test_after_fit", "false",
-                  "--trainer.callbacks+=callbacks.StopAfterEpoch", "--trainer.callbacks.epoch", "0")
-    resumed = train(part, fake_cifar_session, *LEVERS, "--trainer.logger", "false", "--test_after_fit", "false",
-                    "--ckpt_path", "last")
-    return full, part, whole, first, resumed
+def lever_run(tmp_path_factory, fake_cifar_session):
+    """The run folder and the test line of one run with every lever on."""
+    import logging
+
+    full = tmp_path_factory.mktemp("full")
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logging.getLogger().addHandler(handler)
+    try:
+        assert train_here(full, fake_cifar_session, *LEVERS) == 0
+    finally:
+        logging.getLogger().removeHandler(handler)
+    (tested,) = [line for line in lines if re.search(TEST_LINE, line)]
+    return full, tested
 
 
-def test_the_levers_train_and_resume_bit_exact(lever_runs):
-    full, part, whole, first, resumed = lever_runs
-    for proc in (whole, first, resumed):
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "epoch 1 validation: val/loss" in whole.stderr and "logging offline" in whole.stderr
+def test_the_levers_train_to_full_size_with_muon_and_the_ema(lever_run):
+    full, _ = lever_run
     a = load(full / "runs/smoke/version_0/checkpoints/last.ckpt")
-    b = load(part / "runs/smoke/version_0/checkpoints/last.ckpt")
-    assert a["global_step"] == b["global_step"] == 16
+    assert a["global_step"] == 16 and a["schedule"]["share"] == 1.0
     assert any(k.startswith("ema.module.") for k in a["state_dict"])  # the EMA and the raw weights, both kept
-    for key, value in a["state_dict"].items():
-        torch.testing.assert_close(b["state_dict"][key], value, rtol=0, atol=0, msg=key)
-    assert a["schedule"] == b["schedule"] and a["schedule"]["share"] == 1.0
     assert a["state_dict"]["model.pos_embedding"].shape == (1, 65, 64)  # full size: 32 px, patch 4
     (state,) = a["optimizer_states"]
     assert [g.get("use_fallback", False) for g in state["param_groups"]] == [False, True, True]  # Muon, AdamW ×2
 
 
-def test_the_ema_weights_are_tested_classified_and_exported(lever_runs, fake_cifar_session, tmp_path):
+def test_the_ema_weights_are_tested_classified_and_exported(lever_run, fake_cifar_session, tmp_path):
     from vit.data import CIFAR10DataModule
     from vit.inference import load_classifier
     from vit.module import ViTClassifier
 
-    full, _, whole, _, _ = lever_runs
+    full, tested_line = lever_run
     (best,) = (full / "runs/smoke/version_0/checkpoints").glob("best-*.ckpt")
     ckpt = load(best)
     ema = {k.removeprefix("ema.module."): v for k, v in ckpt["state_dict"].items() if k.startswith("ema.module.")}
@@ -70,7 +71,7 @@ def test_the_ema_weights_are_tested_classified_and_exported(lever_runs, fake_cif
         accuracy = {name: sum((net(model.normalize(x)).argmax(-1) == y).sum().item()
                               for x, y in dm.test_dataloader()) / len(dm.test_set)
                     for name, net in (("ema", model.ema.module), ("raw", model.model))}
-    tested = float(re.search(TEST_LINE, whole.stderr).group(3))
+    tested = float(re.search(TEST_LINE, tested_line).group(3))
     assert tested == pytest.approx(100 * accuracy["ema"], abs=0.005)
 
 
@@ -91,7 +92,7 @@ def test_muon_takes_exactly_the_blocks_matrices():
     assert len(muon["params"]) + len(decay["params"]) + len(rest["params"]) == len(list(module.model.parameters()))
 
 
-def test_a_progressive_resizing_checkpoint_classifies_at_full_size(lever_runs, tmp_path):
+def test_a_progressive_resizing_checkpoint_classifies_at_full_size(lever_run, tmp_path, capsys):
     """classify on the run's last checkpoint: a 32-px image and a larger one, both through the full-size
     model, with the probabilities the in-process 32-px forward gives."""
     import json
@@ -99,18 +100,19 @@ def test_a_progressive_resizing_checkpoint_classifies_at_full_size(lever_runs, t
     import numpy as np
     from PIL import Image
 
-    from test_classify import run
+    from vit.commands.classify import main
     from vit.inference import load_classifier
 
-    full = lever_runs[0]
+    full, _ = lever_run
     last = full / "runs/smoke/version_0/checkpoints/last.ckpt"
     rng = np.random.default_rng(0)
     Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(tmp_path / "small.png")
     Image.fromarray(rng.integers(0, 256, (96, 80, 3), dtype=np.uint8)).save(tmp_path / "large.png")
-    proc = run("classify.py", "--checkpoint", last, tmp_path / "small.png", tmp_path / "large.png", "--json",
-               "--top-k", "10")
-    assert proc.returncode == 0, proc.stderr
-    results = json.loads(proc.stdout)
+    code = main(["--checkpoint", str(last), str(tmp_path / "small.png"), str(tmp_path / "large.png"), "--json",
+                 "--top-k", "10"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    results = json.loads(out.out)
     assert [Path(r["image"]).name for r in results] == ["small.png", "large.png"]
     classifier = load_classifier(last)
     assert classifier.meta.config.image_size == 32

@@ -1,4 +1,6 @@
-"""`scripts/train.py` end to end in subprocesses, on small generated data, CPU only, W&B offline."""
+"""`scripts/train.py` on small generated data, CPU only: README's commands end to end in subprocesses (W&B
+offline), the other options through vit-train's main() in this process (`train_here`), which skips the 5-7 s
+of a subprocess's start-up and exit."""
 
 import hashlib
 import os
@@ -27,6 +29,31 @@ def train(cwd: Path, data: Path | None, *extra: str, timeout: int = 300, quiet: 
     mode, extra = (["test"], extra[1:]) if extra[:1] == ("test",) else ([], extra)
     cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), *mode, "--config", "smoke", *data_args, *(QUIET if quiet else []), *extra]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def train_here(cwd: Path, data: Path | None, *extra: str, quiet: bool = True) -> int:
+    """vit-train's main() in this process, with ``train``'s arguments (W&B off): its exit status. Its output
+    is the test's ``capsys`` (error lines) and ``caplog`` (the rest)."""
+    from vit.commands.train import main
+
+    data_args = ["--data.root", str(data), "--data.val_size", "100", "--data.num_workers", "0",
+                 "--data.batch_size", "50"] if data else []
+    mode, extra = (["test"], extra[1:]) if extra[:1] == ("test",) else ([], extra)
+    before, mode_before = os.getcwd(), os.environ.get("WANDB_MODE")
+    os.environ["WANDB_MODE"] = "disabled"
+    os.chdir(cwd)
+    try:
+        return main([*mode, "--config", "smoke", *data_args, *(QUIET if quiet else []), *extra])
+    finally:
+        os.chdir(before)
+        if mode_before is None:
+            os.environ.pop("WANDB_MODE")
+        else:
+            os.environ["WANDB_MODE"] = mode_before
+
+
+def errors_of(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
 
 
 def load(path: Path) -> dict:
@@ -148,8 +175,12 @@ def test_test_command_evaluates_a_checkpoint_like_the_end_of_fit(smoke_run, fake
     assert record["test_top1"] == float(re.search(TEST_LINE, fit.stderr).group(3))
     assert record["command"].startswith("python scripts/train.py test --config smoke")
     assert record["steps"] == load(best)["global_step"]  # the tested checkpoint's run, up to that checkpoint
-    proc = train(tmp_path, fake_cifar_session, "test")
-    assert proc.returncode == 2 and "test needs --ckpt_path" in proc.stderr
+
+
+def test_test_without_a_checkpoint_is_one_clear_message(tmp_path, fake_cifar_session, capsys):
+    assert train_here(tmp_path, fake_cifar_session, "test") == 2
+    (error,) = errors_of(capsys)
+    assert "test needs --ckpt_path" in error
 
 
 @pytest.mark.parametrize("args, message", [
@@ -188,14 +219,15 @@ def test_bad_config_value_is_one_clear_message(tmp_path, fake_cifar_session, arg
     assert "Traceback" not in stderr
 
 
-def test_missing_dataset_offline_is_one_clear_message(tmp_path):
-    proc = train(tmp_path, None, "--data.root", str(tmp_path / "empty"), "--data.download", "false")
-    assert proc.returncode == 2
-    assert "cifar-10-batches-py" in proc.stderr and "Traceback" not in proc.stderr
+def test_missing_dataset_offline_is_one_clear_message(tmp_path, capsys):
+    assert train_here(tmp_path, None, "--data.root", str(tmp_path / "empty"), "--data.download", "false") == 2
+    err = capsys.readouterr().err
+    (error,) = [line for line in err.splitlines() if line.startswith("error:")]
+    assert "cifar-10-batches-py" in error and "Traceback" not in err
     assert not (tmp_path / "runs" / "smoke" / "version_0").exists()  # no empty run folder left behind
 
 
-def test_two_runs_side_by_side_never_collide(tmp_path, fake_cifar_session):
+def test_two_runs_side_by_side_never_collide(tmp_path, fake_cifar_session, caplog):
     args = ["--trainer.max_epochs", "1", "--trainer.logger", "false", "--test_after_fit", "false"]
     procs = [subprocess.Popen([sys.executable, str(ROOT / "scripts" / "train.py"), "--config", "smoke",
                                "--data.root", str(fake_cifar_session), "--data.val_size", "100",
@@ -209,10 +241,9 @@ def test_two_runs_side_by_side_never_collide(tmp_path, fake_cifar_session):
     assert not torch.equal(*heads)  # each folder holds its own run
     assert all(len(list((r / "checkpoints").glob("best-*.ckpt"))) == 1 for r in runs)
     # the run named by --run is resumed, not the newest
-    proc = train(tmp_path, fake_cifar_session, *args[:-2], "--trainer.max_epochs", "2", "--ckpt_path", "last",
-                 "--run", "version_0", "--test_after_fit", "false")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "resuming runs/smoke/version_0 from its last.ckpt" in proc.stderr
+    assert train_here(tmp_path, fake_cifar_session, *args[:-2], "--trainer.max_epochs", "2", "--ckpt_path", "last",
+                      "--run", "version_0", "--test_after_fit", "false") == 0
+    assert "resuming runs/smoke/version_0 from its last.ckpt" in caplog.text
     assert load(runs[0] / "checkpoints" / "last.ckpt")["epoch"] == 1
     assert load(runs[1] / "checkpoints" / "last.ckpt")["epoch"] == 0
 
@@ -227,30 +258,34 @@ def test_nothing_is_written_to_the_working_directory(tmp_path, fake_cifar_sessio
     assert {"checkpoints", "config.yaml", "metrics.csv", "wandb"} <= {p.name for p in run.iterdir()}
 
 
-def test_a_diverged_run_stops_with_exit_3_and_keeps_its_good_checkpoints(tmp_path, fake_cifar_session):
+def test_a_diverged_run_stops_with_exit_3_and_keeps_its_good_checkpoints(tmp_path, fake_cifar_session, capsys,
+                                                                         caplog):
     args = ["--trainer.max_epochs", "3", "--trainer.logger", "false"]
-    proc = train(tmp_path, fake_cifar_session, *args, "--trainer.callbacks+=callbacks.StopAfterEpoch",
-                 "--trainer.callbacks.epoch", "0")
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert train_here(tmp_path, fake_cifar_session, *args, "--trainer.callbacks+=callbacks.StopAfterEpoch",
+                      "--trainer.callbacks.epoch", "0") == 0
     checkpoints = tmp_path / "runs/smoke/version_0/checkpoints"
     before = digest(checkpoints)
-    proc = train(tmp_path, fake_cifar_session, *args, "--ckpt_path", "last",
-                 "--trainer.callbacks+=callbacks.PoisonAtEpoch", "--trainer.callbacks.epoch", "1")
-    assert proc.returncode == 3, proc.stderr[-2000:]
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    caplog.clear()
+    capsys.readouterr()
+    assert train_here(tmp_path, fake_cifar_session, *args, "--ckpt_path", "last",
+                      "--trainer.callbacks+=callbacks.PoisonAtEpoch", "--trainer.callbacks.epoch", "1") == 3
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and re.match(r"error: training diverged at step 8 \(epoch 1\): .* \(last finite loss "
-                                         r"\d+\.\d{4}\)\. Try a lower --model.lr", errors[0]), proc.stderr[-2000:]
-    assert "test on" not in proc.stderr and "Traceback" not in proc.stderr
+                                         r"\d+\.\d{4}\)\. Try a lower --model.lr", errors[0]), err[-2000:]
+    assert "test on" not in err + caplog.text and "Traceback" not in err
     assert digest(checkpoints) == before  # the last good last.ckpt and best checkpoint, untouched
 
 
-def test_a_huge_learning_rate_diverges_without_a_checkpoint(tmp_path, fake_cifar_session):
-    proc = train(tmp_path, fake_cifar_session, "--model.lr", "1e5", "--trainer.logger", "false")
-    assert proc.returncode == 3 and "training diverged at step" in proc.stderr, proc.stderr[-2000:]
+def test_a_huge_learning_rate_diverges_without_a_checkpoint(tmp_path, fake_cifar_session, capsys):
+    assert train_here(tmp_path, fake_cifar_session, "--model.lr", "1e5", "--trainer.logger", "false") == 3
+    (error,) = errors_of(capsys)
+    assert "training diverged at step" in error
     assert not list(tmp_path.rglob("*.ckpt"))
 
 
-def test_unusable_checkpoints_to_resume_exit_2_and_overwrite_nothing(tmp_path, fake_cifar_session, trained_checkpoint):
+def test_unusable_checkpoints_to_resume_exit_2_and_overwrite_nothing(tmp_path, fake_cifar_session, trained_checkpoint,
+                                                                    capsys):
     class Exploit:
         def __reduce__(self):
             return (os.system, (f"touch {tmp_path / 'pwned'}",))
@@ -265,10 +300,10 @@ def test_unusable_checkpoints_to_resume_exit_2_and_overwrite_nothing(tmp_path, f
     run = trained_checkpoint.parent.parent
     before = digest(run)
     for args, message in cases:
-        proc = train(tmp_path, fake_cifar_session, *args)
-        assert proc.returncode == 2, (args, proc.stderr[-2000:])
-        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-        assert len(errors) == 1 and message in errors[0] and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        code = train_here(tmp_path, fake_cifar_session, *args, "--trainer.logger", "false")
+        err = capsys.readouterr().err
+        errors = [line for line in err.splitlines() if line.startswith("error:")]
+        assert code == 2 and len(errors) == 1 and message in errors[0] and "Traceback" not in err, (args, err[-2000:])
     assert digest(run) == before and not (tmp_path / "pwned").exists()
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*"))
 
@@ -332,15 +367,15 @@ def test_a_run_leaves_figures_drawn_from_its_logged_metrics(smoke_run, fake_cifa
     assert all((run / name).is_file() for name in (report.CURVES, report.CONFUSION, report.EXAMPLES))
 
 
-def test_time_budget_schedule_ends_at_min_lr(tmp_path, fake_cifar_session):
+def test_time_budget_schedule_ends_at_min_lr(tmp_path, fake_cifar_session, caplog):
     """max_time cuts the run wherever it is: the cosine, laid over the budget, is at min_lr by then, and
     the resize stages end at their shares of the budget (one line at each switch)."""
-    proc = train(tmp_path, fake_cifar_session, "--trainer.max_epochs", "-1", "--trainer.max_time", "00:00:00:08",
-                 "--trainer.logger", "vit.loggers.CSVLogger", "--trainer.log_every_n_steps", "1",
-                 "--test_after_fit", "false", "--model.resize_stages", "[[16, 0.3], [24, 0.6]]")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "then cosine to 0.0001 at 8 s of training" in proc.stderr and "Time limit reached" in proc.stderr
-    switches = re.findall(r"step (\d+): training on (\d+)-px images \((\d+) patch tokens\)", proc.stderr)
+    assert train_here(tmp_path, fake_cifar_session, "--trainer.max_epochs", "-1", "--trainer.max_time", "00:00:00:08",
+                      "--trainer.logger", "vit.loggers.CSVLogger", "--trainer.log_every_n_steps", "1",
+                      "--test_after_fit", "false", "--model.resize_stages", "[[16, 0.3], [24, 0.6]]") == 0
+    out = caplog.text
+    assert "then cosine to 0.0001 at 8 s of training" in out and "Time limit reached" in out, out[-2000:]
+    switches = re.findall(r"step (\d+): training on (\d+)-px images \((\d+) patch tokens\)", out)
     assert [(size, tokens) for _, size, tokens in switches] == [("16", "16"), ("24", "36"), ("32", "64")]
     assert 0 == int(switches[0][0]) < int(switches[1][0]) < int(switches[2][0])
     from vit import report
