@@ -24,11 +24,16 @@ def train(cwd: Path, data: Path | None, *extra: str, timeout: int = 300, quiet: 
     env = {**os.environ, "PYTHONPATH": str(TESTS), "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
     env.pop("WANDB_API_KEY", None)
     env.pop("WANDB_MODE", None)
+    cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), *smoke_argv(data, extra, quiet)]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def smoke_argv(data: Path | None, extra: tuple[str, ...], quiet: bool) -> list[str]:
+    """vit-train's arguments for the smoke recipe on the generated data (``extra`` may start with ``test``)."""
     data_args = ["--data.root", str(data), "--data.val_size", "100", "--data.num_workers", "0",
                  "--data.batch_size", "50"] if data else []
     mode, extra = (["test"], extra[1:]) if extra[:1] == ("test",) else ([], extra)
-    cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), *mode, "--config", "smoke", *data_args, *(QUIET if quiet else []), *extra]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return [*mode, "--config", "smoke", *data_args, *(QUIET if quiet else []), *extra]
 
 
 def train_here(cwd: Path, data: Path | None, *extra: str, quiet: bool = True) -> int:
@@ -36,20 +41,10 @@ def train_here(cwd: Path, data: Path | None, *extra: str, quiet: bool = True) ->
     is the test's ``capsys`` (error lines) and ``caplog`` (the rest)."""
     from vit.commands.train import main
 
-    data_args = ["--data.root", str(data), "--data.val_size", "100", "--data.num_workers", "0",
-                 "--data.batch_size", "50"] if data else []
-    mode, extra = (["test"], extra[1:]) if extra[:1] == ("test",) else ([], extra)
-    before, mode_before = os.getcwd(), os.environ.get("WANDB_MODE")
-    os.environ["WANDB_MODE"] = "disabled"
-    os.chdir(cwd)
-    try:
-        return main([*mode, "--config", "smoke", *data_args, *(QUIET if quiet else []), *extra])
-    finally:
-        os.chdir(before)
-        if mode_before is None:
-            os.environ.pop("WANDB_MODE")
-        else:
-            os.environ["WANDB_MODE"] = mode_before
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WANDB_MODE", "disabled")
+        patch.chdir(cwd)
+        return main(smoke_argv(data, extra, quiet))
 
 
 def errors_of(capsys) -> list[str]:
