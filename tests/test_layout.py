@@ -35,3 +35,13 @@ def test_the_launchers_environment_is_read_in_one_module():
     launcher = re.compile(r"SLURM_|TORCHELASTIC_|LOCAL_WORLD_SIZE|GROUP_RANK|MASTER_ADDR|MASTER_PORT|\bWORLD_SIZE")
     readers = sorted(name for name, path in MODULES.items() if launcher.search(path.read_text()))
     assert readers == ["vit.launch"]
+
+
+def test_readme_layout_names_files_that_exist():
+    """README's map (question → file) names each module of the package, and only files that exist."""
+    text = (ROOT / "README.md").read_text()
+    layout = text[text.index("## Layout"):]
+    named = set(re.findall(r"`(vit/[\w/]+\.py)`", layout))
+    assert named and all((ROOT / path).is_file() for path in named), sorted(p for p in named if not (ROOT / p).is_file())
+    modules = {f.relative_to(ROOT).as_posix() for f in (ROOT / "vit").glob("*.py") if f.name != "__init__.py"}
+    assert not modules - named, f"modules missing from README's Layout: {sorted(modules - named)}"
