@@ -17,7 +17,7 @@ import re
 import shlex
 import subprocess
 import sys
-import tempfile
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,6 +107,7 @@ class Runner:
     quick: bool = False
     max_commands: int | None = None  # stop after this many commands (a lease of a few commands)
     commands: int = field(default=0)
+    quick_report: Path | None = None  # --quick: the one benchmark's report
 
     def record_path(self, job: Run | Benchmark) -> Path:
         return self.results_dir / job.table / f"{job.name}.json"
@@ -152,12 +153,18 @@ class Runner:
     def benchmark(self, job: Benchmark) -> None:
         out = self.runs_root / job.table / f"{job.name}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
+        if self.quick and self.quick_report:  # --quick runs one command for every benchmark: it runs once
+            print(f"[figures] {job.table}/{job.name}: the --quick benchmark's report, {self.quick_report}", flush=True)
+            shutil.copyfile(self.quick_report, out)
+            self.collect(out, job)
+            return
         command = [sys.executable, str(REPO / "scripts" / "benchmark.py"), *(QUICK_BENCH if self.quick else job.args),
                    "--output", str(out)]
         print(f"[figures] {shlex.join(command[1:])}", flush=True)
         code = subprocess.run(command, cwd=REPO).returncode
         if code:
             raise FiguresError(f"{job.table}/{job.name}: vit-benchmark exited {code} (its output is above)")
+        self.quick_report = out if self.quick else None
         self.collect(out, job)
 
     def collect(self, record: Path, job: Run | Benchmark) -> Path:
@@ -340,6 +347,10 @@ def render(text: str, results_dir: Path, base: Path) -> str:
     return BLOCK.sub(block, text)
 
 
-def quick_dirs() -> tuple[Path, Path]:
-    tmp = Path(tempfile.mkdtemp(prefix="vit-figures-"))
-    return make_quick_data(tmp / "data"), tmp / "runs"
+def quick_dirs(results_dir: Path) -> tuple[Path, Path]:
+    """--quick's data and runs, beside its records (so that the same command continues a stopped run)."""
+    quick = results_dir / ".quick"
+    data = quick / "data"
+    if not (data / "cifar-10-batches-py" / "batches.meta").is_file():
+        make_quick_data(data)
+    return data, quick / "runs"
