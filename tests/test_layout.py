@@ -42,6 +42,7 @@ def test_readme_layout_names_files_that_exist():
     text = (ROOT / "README.md").read_text()
     layout = text[text.index("## Layout"):]
     named = set(re.findall(r"`(vit/[\w/]+\.py)`", layout))
-    assert named and all((ROOT / path).is_file() for path in named), sorted(p for p in named if not (ROOT / p).is_file())
+    missing = sorted(path for path in named if not (ROOT / path).is_file())
+    assert named and not missing, f"README's Layout names files that do not exist: {missing}"
     modules = {f.relative_to(ROOT).as_posix() for f in (ROOT / "vit").glob("*.py") if f.name != "__init__.py"}
     assert not modules - named, f"modules missing from README's Layout: {sorted(modules - named)}"

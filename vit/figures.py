@@ -15,9 +15,9 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -156,15 +156,14 @@ class Runner:
         if self.quick and self.quick_report:  # --quick runs one command for every benchmark: it runs once
             print(f"[figures] {job.table}/{job.name}: the --quick benchmark's report, {self.quick_report}", flush=True)
             shutil.copyfile(self.quick_report, out)
-            self.collect(out, job)
-            return
-        command = [sys.executable, str(REPO / "scripts" / "benchmark.py"), *(QUICK_BENCH if self.quick else job.args),
-                   "--output", str(out)]
-        print(f"[figures] {shlex.join(command[1:])}", flush=True)
-        code = subprocess.run(command, cwd=REPO).returncode
-        if code:
-            raise FiguresError(f"{job.table}/{job.name}: vit-benchmark exited {code} (its output is above)")
-        self.quick_report = out if self.quick else None
+        else:
+            command = [sys.executable, str(REPO / "scripts" / "benchmark.py"),
+                       *(QUICK_BENCH if self.quick else job.args), "--output", str(out)]
+            print(f"[figures] {shlex.join(command[1:])}", flush=True)
+            code = subprocess.run(command, cwd=REPO).returncode
+            if code:
+                raise FiguresError(f"{job.table}/{job.name}: vit-benchmark exited {code} (its output is above)")
+            self.quick_report = out if self.quick else None
         self.collect(out, job)
 
     def collect(self, record: Path, job: Run | Benchmark) -> Path:
@@ -350,7 +349,4 @@ def render(text: str, results_dir: Path, base: Path) -> str:
 def quick_dirs(results_dir: Path) -> tuple[Path, Path]:
     """--quick's data and runs, beside its records (so that the same command continues a stopped run)."""
     quick = results_dir / ".quick"
-    data = quick / "data"
-    if not (data / "cifar-10-batches-py" / "batches.meta").is_file():
-        make_quick_data(data)
-    return data, quick / "runs"
+    return make_quick_data(quick / "data"), quick / "runs"  # (the same files each time: rng seed 0)

@@ -32,7 +32,8 @@ parser.add_argument("--results", type=Path, default=None, help="the records' fol
 parser.add_argument("--readme", type=Path, default=None, help="the README to render (default: the repository's)")
 parser.add_argument("--minutes", type=float, default=9.0, help="wall-clock limit of each command it runs")
 parser.add_argument("--max-commands", type=int, default=None, help="stop after this many commands (exit 4)")
-parser.add_argument("--quick", action="store_true", help="toy scale on CPU, on generated data; records, data and runs under --results")
+parser.add_argument("--quick", action="store_true",
+                    help="toy scale on CPU, on generated data; records, data and runs under --results")
 parser.add_argument("--render", action="store_true", help="measure nothing: render README from the records")
 parser.add_argument("--check", action="store_true", help="measure nothing: exit 1 if README differs from its rendering")
 
@@ -56,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     if not (args.render or args.check):
-        data, runs = figures.quick_dirs(results_dir.resolve()) if args.quick else (args.data_root.resolve(), args.runs.resolve())
+        data, runs = (figures.quick_dirs(results_dir.resolve()) if args.quick else
+                      (args.data_root.resolve(), args.runs.resolve()))
         runner = figures.Runner(data, runs, results_dir.resolve(), minutes=args.minutes, quick=args.quick,
                                 max_commands=args.max_commands)
         try:
