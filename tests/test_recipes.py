@@ -2,8 +2,11 @@
 Mixup/CutMix, Muon, workers, resize stages), then tests: a recipe nobody ran can crash at its first step.
 vit_cifar10_fast (torch.compile) runs as a user runs it in tests/test_compile.py."""
 
+import re
+
 import pytest
 import torch
+import yaml
 
 from test_train import ROOT, TEST_LINE
 from vit import configs
@@ -26,10 +29,6 @@ def small_cifar(tmp_path_factory):
 @pytest.mark.parametrize("recipe", HERE)
 def test_a_recipe_trains_a_few_steps_with_its_own_settings(recipe, tmp_path, small_cifar, monkeypatch, caplog):
     """vit-train's main() in this process (the command itself runs in test_train.py and test_compile.py)."""
-    import re
-
-    import yaml
-
     from vit.commands.train import main
 
     extra = []
@@ -41,10 +40,10 @@ def test_a_recipe_trains_a_few_steps_with_its_own_settings(recipe, tmp_path, sma
         extra = ["--model.pretrained", str(weights)]
     monkeypatch.setenv("WANDB_MODE", "disabled")
     monkeypatch.chdir(tmp_path)
-    # The bf16-mixed recipes (all but smoke and cpu) take batches of 2 (Mixup's pairs): a CPU without bf16
-    # units (AVX-512 BF16, AMX) emulates bf16 matmuls, 56 times slower than fp32 on a 2-core AMD EPYC with
-    # AVX2 only (2026-11-24)
-    batch = "50" if recipe in ("smoke", "cpu") else "2"
+    # The bf16-mixed recipes (all but smoke and cpu) take batches of 2 (Mixup's pairs; finetune has no Mixup:
+    # 1): a CPU without bf16 units (AVX-512 BF16, AMX) emulates bf16 matmuls, 56 times slower than fp32 on a
+    # 2-core AMD EPYC with AVX2 only (2026-11-24)
+    batch = {"smoke": "50", "cpu": "50", "finetune_cifar10": "1"}.get(recipe, "2")
     code = main(["--config", recipe, *extra, "--data.root", str(small_cifar), "--data.val_size", "50",
                  "--data.batch_size", batch, "--trainer.max_steps", "2", "--trainer.max_epochs", "1",
                  "--trainer.limit_val_batches", "1", "--trainer.limit_test_batches", "1"])
