@@ -153,7 +153,7 @@ class Runner:
     def benchmark(self, job: Benchmark) -> None:
         out = self.runs_root / job.table / f"{job.name}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
-        if self.quick and self.quick_report:  # --quick runs one command for every benchmark: it runs once
+        if self.quick_report:  # --quick runs one command for every benchmark: it runs once
             print(f"[figures] {job.table}/{job.name}: the --quick benchmark's report, {self.quick_report}", flush=True)
             shutil.copyfile(self.quick_report, out)
         else:
@@ -163,7 +163,8 @@ class Runner:
             code = subprocess.run(command, cwd=REPO).returncode
             if code:
                 raise FiguresError(f"{job.table}/{job.name}: vit-benchmark exited {code} (its output is above)")
-            self.quick_report = out if self.quick else None
+            if self.quick:
+                self.quick_report = out
         self.collect(out, job)
 
     def collect(self, record: Path, job: Run | Benchmark) -> Path:
