@@ -105,3 +105,59 @@ class CountSteps(L.Callback):
 
         with open(Path(trainer.default_root_dir) / f"steps.{trainer.global_rank}", "a") as f:
             f.write(f"{trainer.global_step}\n")
+
+
+class RecordBatches(L.Callback):
+    """Each training step's images as this process saw them: one line per step in ``<run>/batches.<rank>``,
+    the step, then per image its label and the sum of its pixels (sorted), over every attempt."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        from pathlib import Path
+
+        images, labels = batch
+        pairs = sorted(f"{int(y)}:{int(x.long().sum())}" for x, y in zip(images, labels))
+        with open(Path(trainer.default_root_dir) / f"batches.{trainer.global_rank}", "a") as f:
+            f.write(f"{trainer.global_step} {' '.join(pairs)}\n")
+
+
+class FillDisk(L.Callback):
+    """At the start of epoch ``epoch``, a file beside the run folder fills its file system to the last byte,
+    as another job's output or a quota would: the run's next write fails with ENOSPC."""
+
+    def __init__(self, epoch: int = 1):
+        self.epoch = epoch
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        import errno
+        from pathlib import Path
+
+        if trainer.current_epoch != self.epoch:
+            return
+        with open(Path(trainer.default_root_dir).parent / "filler", "wb", buffering=0) as f:
+            chunk = 1 << 20
+            while chunk:  # to the last byte: smaller and smaller writes
+                try:
+                    f.write(b"\0" * chunk)
+                except OSError as e:
+                    assert e.errno == errno.ENOSPC, e
+                    chunk //= 2
+
+
+class RaiseAtStep(L.Callback):
+    """What the environment raises in the middle of a run, at step ``step``: torch's out-of-memory error, or
+    NCCL's watchdog timeout as it reaches the main thread (TORCH_NCCL_ASYNC_ERROR_HANDLING=2)."""
+
+    def __init__(self, error: str = "oom", step: int = 2):
+        self.error, self.step = error, step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        import torch
+
+        if trainer.global_step != self.step:
+            return
+        if self.error == "oom":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+                                         "capacity of 79.19 GiB of which 1.02 GiB is free.")
+        raise torch.distributed.DistBackendError(
+            "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=42, OpType=ALLREDUCE, "
+            "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600021 milliseconds before timing out.")

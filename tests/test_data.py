@@ -171,3 +171,42 @@ def test_real_cifar10_loads_when_present():
     assert torch.bincount(dm.val_set.dataset.labels[dm.val_set.indices]).tolist() == [500] * 10
     mean = dm.train_set.dataset.images.float().mean((0, 2, 3)) / 255
     torch.testing.assert_close(mean, torch.tensor([0.4914, 0.4822, 0.4465]), atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("pipeline", ["workers", "device"])
+def test_n_processes_read_the_images_of_one_step_of_one_process(fake_cifar, pipeline):
+    """--data.batch_size is the global batch: each of N processes takes 1/N of it, and in every step the N
+    shares together are exactly one process's batch, augmentations included (per-image draws depend on
+    the image's place in the epoch, never on the rank), from a mid-epoch resume too."""
+    from types import SimpleNamespace
+
+    def steps(world: int, rank: int, epoch: int = 1, start: int = 0) -> list[list[tuple[int, bytes]]]:
+        dm = CIFAR10DataModule(root=str(fake_cifar), val_size=100, num_workers=0, batch_size=40, pipeline=pipeline)
+        dm.trainer = SimpleNamespace(world_size=world, global_rank=rank,
+                                     strategy=SimpleNamespace(root_device=torch.device("cpu")))
+        dm.setup("fit")
+        dm.position.epochs, dm.position.resume_at = epoch, (epoch, start) if start else None
+        return [sorted((int(y), x.numpy().tobytes()) for x, y in zip(*batch)) for batch in dm.train_dataloader()]
+
+    one = steps(1, 0)
+    assert len(one) == 400 // 40 and all(len(batch) == 40 for batch in one)
+    for world in (2, 4):
+        shares = [steps(world, rank) for rank in range(world)]
+        assert all(len(s) == len(one) and all(len(batch) == 40 // world for batch in s) for s in shares)
+        for i, batch in enumerate(one):
+            assert sorted(sum((s[i] for s in shares), [])) == batch, (world, i)
+    resumed = [steps(2, rank, start=3) for rank in range(2)]  # a resume at step 3 of the epoch, on 2 processes
+    assert [sorted(a + b) for a, b in zip(*resumed)] == one[3:]
+
+
+def test_the_global_batch_splits_evenly_and_usefully_or_says_why():
+    from vit.data import MIN_SHARE, split_batch
+    from vit.exits import ConfigError
+
+    assert split_batch(512, 1) == 512 and split_batch(512, 16) == 32 and split_batch(5, 1) == 5
+    with pytest.raises(ConfigError, match=r"--data.batch_size 100 is the global batch and must divide among the 8 "
+                                          r"processes of this run: use a multiple of 8, e.g. 96 or 104"):
+        split_batch(100, 8)
+    with pytest.raises(ConfigError, match=rf"split among 16 processes is 4 images per process and step, fewer than "
+                                          rf"{MIN_SHARE}.*Raise --data.batch_size to {16 * MIN_SHARE}"):
+        split_batch(64, 16)

@@ -16,7 +16,7 @@ def test_readme_exit_table_is_the_codes():
     text = (ROOT / "README.md").read_text()
     block = re.search(r"<!-- exits -->\n(.*?)<!-- /exits -->", text, re.S)
     assert block and block.group(1) == exits.markdown()
-    assert [e.status for e in exits.EXITS] == [0, 1, 2, 3, 4, 5]
+    assert [e.status for e in exits.EXITS] == [0, 1, 2, 3, 4, 5, 6, 7]
 
 
 def test_each_error_type_has_its_status_and_builtins_have_none():
@@ -25,6 +25,8 @@ def test_each_error_type_has_its_status_and_builtins_have_none():
     assert exits.status_of(exits.TrainingDiverged("x")) == 3
     assert exits.status_of(exits.Preempted("x")) == exits.status_of(exits.Stopped("x")) == 4
     assert exits.status_of(exits.LostProcesses("x")) == 5
+    assert exits.status_of(exits.AcceleratorUnusable("x")) == 2
+    assert exits.status_of(exits.StorageFull("x")) == 6 and exits.status_of(exits.OutOfDeviceMemory("x")) == 7
     for bug in (ValueError("x"), FileNotFoundError("x"), KeyError("x"), RuntimeError("x"), TypeError("x")):
         assert exits.status_of(bug) is None
 
@@ -36,7 +38,8 @@ def test_help_shows_the_exit_table(capsys):
         main(["--help"])
     assert stop.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "exit status: 0 done 1 a bug" in out and "5 the processes of a multi-process run lost each other" in out
+    assert "exit status (the same command: with --ckpt_path last, as train.sbatch runs it): 0 done 1 a bug" in out
+    assert "5 the processes of a multi-process run lost each other" in out and "[same command resumes: yes]" in out
 
 
 def test_a_users_callback_that_raises_mid_training_is_exit_1_with_its_traceback(tmp_path, fake_cifar_session):

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 
 from vit import configs, launch, runs
 
@@ -37,13 +38,13 @@ def test_every_slurm_job_has_its_own_run_name_even_with_one_task(no_launcher):
 def test_a_one_task_job_resumes_only_its_own_run(no_launcher, tmp_path):
     other = tmp_path / "version_0" / "checkpoints"
     other.mkdir(parents=True)
-    (other / "last.ckpt").write_bytes(b"another run's")
+    torch.save({"state_dict": {}, "run": "another run's"}, other / "last.ckpt")
     no_launcher.setenv("SLURM_JOB_ID", "6")
     no_launcher.setenv("SLURM_NTASKS", "1")
-    run, ckpt, _ = runs.resolve(tmp_path, "last", None)
+    run, ckpt, _, _ = runs.resolve(tmp_path, "last", None)
     assert run == tmp_path / "slurm-6" and ckpt is None  # not version_0's last.ckpt
-    run, ckpt, _ = runs.resolve(tmp_path, "last", "version_0")  # unless the user names it
-    assert run == tmp_path / "version_0" and ckpt == other / "last.ckpt"
+    run, ckpt, read, _ = runs.resolve(tmp_path, "last", "version_0")  # unless the user names it
+    assert run == tmp_path / "version_0" and ckpt == other / "last.ckpt" and read["run"] == "another run's"
 
 
 def test_torchrun_names_the_run_and_gives_the_allocation(no_launcher):

@@ -28,7 +28,7 @@ def read_checkpoint(path: str | Path) -> dict:
                               f"plain data ({detail})") from None
     except Exception as e:  # noqa: BLE001 - a corrupt file can fail anywhere in torch.load
         raise CheckpointError(f"{path}: not a readable checkpoint ({type(e).__name__}: "
-                              f"{(str(e).splitlines() or [''])[0]})") from None
+                              f"{(str(e).splitlines() or [''])[0].split('. ')[0]})") from None
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
         raise CheckpointError(f"{path}: not a vit training checkpoint (no state_dict)")
     return ckpt

@@ -57,6 +57,27 @@ def stratified_split(labels: torch.Tensor, val_size: int, seed: int) -> tuple[to
     return train_idx.sort().values, val_idx.sort().values
 
 
+MIN_SHARE = 8  # images per process and step, at least, when a batch is split among processes
+
+
+def split_batch(global_batch: int, processes: int) -> int:
+    """Each process's share of the global batch. Every process takes the same share, so that N processes
+    see, step by step, the images one process would (vit.resume.EpochOrder) and DDP's mean of their
+    gradients is the one process's gradient."""
+    if processes == 1:
+        return global_batch
+    share, rest = divmod(global_batch, processes)
+    if rest:
+        raise ConfigError(f"--data.batch_size {global_batch} is the global batch and must divide among the "
+                          f"{processes} processes of this run: use a multiple of {processes}, "
+                          f"e.g. {global_batch - rest} or {global_batch - rest + processes}")
+    if share < MIN_SHARE:
+        raise ConfigError(f"--data.batch_size {global_batch} split among {processes} processes is {share} images "
+                          f"per process and step, fewer than {MIN_SHARE}: too few to keep a device busy. Raise "
+                          f"--data.batch_size to {MIN_SHARE * processes} or more, or use fewer devices")
+    return share
+
+
 def augmentation(crop_padding: int, hflip: bool, auto_augment: str | None, image_size: int):
     """Stage 2 on uint8 tensors: random crop with reflect padding, flip, optional AutoAugment/RandAugment."""
     steps = []
@@ -111,7 +132,8 @@ class ImageDataModule(L.LightningDataModule):
         """
         Args:
             root: where the dataset is.
-            batch_size: images per batch and process (the global batch is batch_size × devices × nodes).
+            batch_size: the global batch: images per optimizer step, all processes together; N processes
+                take batch_size / N each (vit.data.split_batch), so a recipe trains the same on 1 or 16 devices.
             val_size: validation images split off the training set: a count, or a fraction in (0, 1).
             num_workers: DataLoader worker processes per loader.
             seed: seed of the validation split.
@@ -144,6 +166,10 @@ class ImageDataModule(L.LightningDataModule):
         count = self.val_size if isinstance(self.val_size, int) else max(1, round(self.val_size * len(labels)))
         return stratified_split(labels, count, self.seed)
 
+    def process_batch(self) -> int:
+        """This process's share of the global batch (``batch_size`` over the Trainer's processes)."""
+        return split_batch(self.batch_size, self.trainer.world_size if self.trainer is not None else 1)
+
     def run_dir(self) -> Path | None:
         """The run folder of the Trainer this module is attached to (vit.runs), if any."""
         return Path(self.trainer.default_root_dir) if self.trainer is not None else None
@@ -156,8 +182,9 @@ class ImageDataModule(L.LightningDataModule):
     def _loader(self, dataset, train: bool, collate_fn=None) -> DataLoader:
         trainer = self.trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        batch = self.process_batch()
         if train:
-            sampler = EpochOrder(dataset, self.batch_size, self.seed, self.position, rank, world)
+            sampler = EpochOrder(dataset, batch, self.seed, self.position, rank, world)
             dataset = SeededSamples(dataset)
         elif world > 1:
             from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
@@ -165,7 +192,7 @@ class ImageDataModule(L.LightningDataModule):
             sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
         else:
             sampler = None
-        return DataLoader(dataset, batch_size=self.batch_size, drop_last=train, sampler=sampler,
+        return DataLoader(dataset, batch_size=batch, drop_last=train, sampler=sampler,
                           num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
                           collate_fn=collate_fn)
 
@@ -247,7 +274,7 @@ class CIFAR10DataModule(ImageDataModule):
         trainer = self.trainer
         device = trainer.strategy.root_device if trainer else torch.device("cpu")
         base, idx = self.train_set.dataset, self.train_set.indices
-        return DeviceBatches(base.images[idx].to(device), base.labels[idx].to(device), self.batch_size,
+        return DeviceBatches(base.images[idx].to(device), base.labels[idx].to(device), self.process_batch(),
                              self.seed, position=self.position.begin,
                              rank=trainer.global_rank if trainer else 0,
                              world_size=trainer.world_size if trainer else 1,

@@ -31,14 +31,19 @@ def crop_flip(images: torch.Tensor, tops: torch.Tensor, lefts: torch.Tensor, fli
     return images.reshape(b, c, h * w).gather(2, index).view(b, c, h, w)
 
 
+def crop_flip_draws(n: int, padding: int, hflip: bool, device: torch.device,
+                    generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tops, lefts, flips) of ``n`` random crops with reflect padding and random horizontal flips."""
+    tops, lefts = torch.randint(0, 2 * padding + 1, (2, n), device=device, generator=generator)
+    flips = (torch.rand(n, device=device, generator=generator) < 0.5) if hflip else \
+        torch.zeros(n, dtype=torch.bool, device=device)
+    return tops, lefts, flips
+
+
 def random_crop_flip(images: torch.Tensor, padding: int, hflip: bool = True,
                      generator: torch.Generator | None = None) -> torch.Tensor:
     """Random crop with reflect padding and random horizontal flip, independently per image."""
-    b = images.shape[0]
-    tops, lefts = torch.randint(0, 2 * padding + 1, (2, b), device=images.device, generator=generator)
-    flips = (torch.rand(b, device=images.device, generator=generator) < 0.5) if hflip else \
-        torch.zeros(b, dtype=torch.bool, device=images.device)
-    return crop_flip(images, tops, lefts, flips, padding)
+    return crop_flip(images, *crop_flip_draws(images.shape[0], padding, hflip, images.device, generator), padding)
 
 
 class DeviceBatches:
@@ -46,9 +51,12 @@ class DeviceBatches:
 
     Each epoch's order comes from a generator seeded with (seed, epoch), so it does not depend on the
     process's RNG state; under DDP rank r takes every world-th sample of that order, so each process reads
-    only its shard. Each batch's crops and flips come from a generator seeded with (seed, epoch, rank,
-    batch), so an epoch can start at any batch exactly: ``position(batches)`` says which epoch a new
-    iterator is and its first batch (vit.resume.DataPosition). The last incomplete batch is dropped.
+    only its shard, and step i of N processes together reads the images of step i of one process with
+    N times the ``batch_size`` (the global batch). Each step's crops and flips are drawn for the whole
+    global batch from a generator seeded with (seed, epoch, step), and each rank takes those of its
+    images: an image's augmentation does not depend on the number of processes or the rank, and an epoch
+    can start at any step exactly: ``position(batches)`` says which epoch a new iterator is and its first
+    batch (vit.resume.DataPosition). The last incomplete batch is dropped.
     """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, seed: int,
@@ -64,7 +72,7 @@ class DeviceBatches:
     def __iter__(self):
         device = self.images.device
         epoch, start = self.position(len(self))
-        # one order for all ranks (seed, epoch); each rank's own augmentation draws (seed, epoch, rank, batch)
+        # one order for all ranks (seed, epoch); the global batch's augmentation draws (seed, epoch, step)
         order = torch.randperm(len(self.labels), device=device,
                                generator=torch.Generator(device=device).manual_seed(self.seed * 1_000_003 + epoch))
         shard = order[self.rank :: self.world_size]
@@ -73,6 +81,7 @@ class DeviceBatches:
             idx = shard[i * self.batch_size : (i + 1) * self.batch_size]
             images = self.images[idx]
             if self.padding > 0 or self.hflip:
-                g.manual_seed(((self.seed * 1_000_003 + epoch) * 7919 + self.rank + 1) * 100_003 + i)
-                images = random_crop_flip(images, self.padding, self.hflip, g)
+                g.manual_seed((self.seed * 1_000_003 + epoch) * 100_003 + i)
+                draws = crop_flip_draws(len(idx) * self.world_size, self.padding, self.hflip, device, g)
+                images = crop_flip(images, *(d[self.rank :: self.world_size] for d in draws), self.padding)
             yield images, self.labels[idx]

@@ -31,6 +31,10 @@ class RunError(BadInput, ValueError):
     """A run folder that cannot be used as asked; the message says what to do instead."""
 
 
+class AcceleratorUnusable(BadInput):
+    """GPUs were allocated to the job but torch cannot use them (a driver older than torch's CUDA, a CPU build)."""
+
+
 class TrainingDiverged(RuntimeError):
     """The loss or the gradients became non-finite; the message says where and what to try (exit 3)."""
 
@@ -48,11 +52,20 @@ class LostProcesses(RuntimeError):
     """The processes of a multi-process run lost each other: a collective timed out or a peer died (exit 5)."""
 
 
+class StorageFull(RuntimeError):
+    """The disk is full or the quota exceeded (ENOSPC, EDQUOT) where the run writes (exit 6)."""
+
+
+class OutOfDeviceMemory(RuntimeError):
+    """The accelerator ran out of memory (torch.OutOfMemoryError) (exit 7)."""
+
+
 @dataclass(frozen=True)
 class Exit:
     status: int
     error: type[BaseException] | None
     meaning: str
+    resumes: str = "—"  # whether the same command (with --ckpt_path last, as train.sbatch runs it) continues the run
 
 
 EXITS = (
@@ -60,16 +73,26 @@ EXITS = (
     Exit(1, None, "a bug (ours, a user's callback's, a dataset's): its traceback"),
     Exit(2, BadInput, "one line on stderr: a bad configuration value, missing or malformed data, a checkpoint "
                       "that cannot be used (missing, corrupt, crafted, or a model that does not fit the command "
-                      "line) — nothing in the run folder is overwritten"),
+                      "line), GPUs allocated that torch cannot use (it names torch's CUDA and what the driver "
+                      "reports) — nothing in the run folder is overwritten", "no: correct the input first"),
     Exit(3, TrainingDiverged, "training diverged: the loss or the gradients became non-finite. One line gives the "
                               "step, the epoch, the last finite loss and what to try; no checkpoint with non-finite "
-                              "weights is written (the last good `last.ckpt` and best checkpoint stay), no test is run"),
+                              "weights is written (the last good `last.ckpt` and best checkpoint stay), no test is run",
+         "no: change the settings"),
     Exit(4, Stopped, "stopped before the end, where it resumes: preempted on SLURM (SIGUSR1: every process stops at "
                      "the same step and writes it to `step.ckpt`; `train.sbatch` requeues the job, which resumes "
-                     "from there), or `--stop_after_minutes` (continue with `--ckpt_path last`)"),
+                     "from there), or `--stop_after_minutes` (continue with `--ckpt_path last`)", "yes"),
     Exit(5, LostProcesses, "the processes of a multi-process run lost each other (one died, or a collective waited "
-                           "longer than `--ddp_timeout`): one line from each process"),
+                           "longer than `--ddp_timeout`, under gloo or NCCL): one line from each process", "yes"),
+    Exit(6, StorageFull, "the disk is full or the quota exceeded: one line names the path, the run's last good "
+                         "checkpoint and the command that resumes; no checkpoint is torn (each is written whole "
+                         "or not at all)", "yes, once space is freed"),
+    Exit(7, OutOfDeviceMemory, "the accelerator ran out of memory: one line gives the per-device batch and what to "
+                               "try (gradient accumulation keeps the global batch)", "no: a smaller per-device batch"),
 )
+
+
+RESUME_HEADER = "the same command resumes (with `--ckpt_path last`, as `train.sbatch` runs it)"
 
 
 def status_of(error: BaseException) -> int | None:
@@ -79,8 +102,8 @@ def status_of(error: BaseException) -> int | None:
 
 def markdown() -> str:
     """README's exit table."""
-    rows = [f"| {e.status} | {e.meaning} |" for e in EXITS]
-    return "\n".join(["| status | meaning |", "| --- | --- |", *rows]) + "\n"
+    rows = [f"| {e.status} | {e.meaning} | {e.resumes} |" for e in EXITS]
+    return "\n".join([f"| status | meaning | {RESUME_HEADER} |", "| --- | --- | --- |", *rows]) + "\n"
 
 
 def text() -> str:
@@ -88,6 +111,7 @@ def text() -> str:
     import re
     import textwrap
 
-    plain = [f"{e.status}  " + textwrap.fill(re.sub(r"`([^`]*)`", r"\1", e.meaning), 96,
-                                               subsequent_indent="   ") for e in EXITS]
-    return "exit status:\n" + "\n".join(plain)
+    plain = [f"{e.status}  " + textwrap.fill(re.sub(r"`([^`]*)`", r"\1", e.meaning + (
+        f" [same command resumes: {e.resumes}]" if e.resumes != "—" else "")), 96, subsequent_indent="   ")
+        for e in EXITS]
+    return "exit status (the same command: with --ckpt_path last, as train.sbatch runs it):\n" + "\n".join(plain)

@@ -51,6 +51,17 @@ def allocation() -> tuple[int, int] | None:
     return None
 
 
+def allocated_gpus() -> str | None:
+    """The GPUs this process was given, as the variable that says so (``CUDA_VISIBLE_DEVICES=0,1``, SLURM's
+    gres), or None when none was."""
+    env = os.environ
+    for key in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE"):
+        value = env.get(key, "").strip()
+        if value and value not in ("-1", "NoDevFiles") and not (key == "SLURM_GPUS_ON_NODE" and value == "0"):
+            return f"{key}={value}"
+    return None
+
+
 def join_torchrun_group(device_type: str, timeout_seconds: float) -> None:
     """Under torchrun, make the default process group here, before Lightning would, with keys of its own
     per attempt.

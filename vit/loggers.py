@@ -39,10 +39,19 @@ def wandb_credentials_present() -> bool:
 
 
 class WandbLogger(_LightningWandbLogger):
-    """Lightning's WandbLogger that never waits for an interactive login: without credentials (and
-    without an explicit WANDB_MODE) it logs offline, to be uploaded later with `wandb sync`."""
+    """Lightning's WandbLogger that never waits for an interactive login or an unreachable server: without
+    credentials (and without an explicit WANDB_MODE) it logs offline, to be uploaded later with `wandb sync`;
+    with credentials but no route to the W&B server (a compute node), it logs offline after at most
+    ``reach_timeout`` seconds instead of wandb's own 90 s and a traceback. Only rank zero starts the W&B run
+    (Lightning's ``rank_zero_experiment``), so it alone asks the network, once; the other processes never
+    touch W&B."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, reach_timeout: float = 10.0, **kwargs):
+        """
+        Args:
+            reach_timeout: seconds to wait for the W&B server's answer before logging offline.
+        """
+        self.reach_timeout = reach_timeout
         mode = os.environ.get("WANDB_MODE")
         if not kwargs.get("offline") and mode is None and not wandb_credentials_present():
             # wandb's own offline mode (not Lightning's offline=True, which refuses log_model): checkpoint
@@ -52,6 +61,21 @@ class WandbLogger(_LightningWandbLogger):
                            f"upload later with `wandb sync {kwargs.get('save_dir', '.')}/wandb/offline-run-*`")
         super().__init__(*args, **kwargs)
         self._wandb_init.pop("anonymous", None)  # wandb warns that the setting has no effect
+
+    @property
+    @rank_zero_experiment
+    def experiment(self):
+        offline = ("offline", "disabled", "dryrun")
+        if self._experiment is None and self._wandb_init.get("mode") not in offline \
+                and os.environ.get("WANDB_MODE") not in offline:
+            from vit.environment import wandb_unreachable
+
+            reason = wandb_unreachable(self.reach_timeout)
+            if reason is not None:
+                self._wandb_init["mode"] = "offline"
+                rank_zero_info(f"wandb: {reason}; logging offline into {self.save_dir}/wandb; upload later with "
+                               f"`wandb sync {self.save_dir}/wandb/offline-run-*`")
+        return _LightningWandbLogger.experiment.fget(self)
 
 
 class _AppendingWriter(ExperimentWriter):

@@ -52,7 +52,8 @@ class ViTClassifier(L.LightningModule):
         Args:
             arch: the architecture (vit.model.ViTConfig).
             lr: peak learning rate for a global batch of lr_batch_size images; scaled linearly to the
-                real global batch (batch_size × devices × nodes × accumulation).
+                real global batch (--data.batch_size × accumulation), which does not change with the
+                number of devices.
             lr_batch_size: the global batch lr is stated for.
             min_lr: learning rate at the end of the cosine decay.
             weight_decay: AdamW weight decay (not on norms, biases, E_pos, [cls]).
@@ -151,7 +152,7 @@ class ViTClassifier(L.LightningModule):
     def flops_per_batch(self) -> int:
         """Analytic FLOPs of one training step of one process (vit.model.flops_per_image), for Throughput."""
         config = replace(self.model.config, image_size=self.train_image_size)
-        return flops_per_image(config, train=True) * self.trainer.datamodule.batch_size
+        return flops_per_image(config, train=True) * self.trainer.datamodule.process_batch()
 
     def metadata(self) -> Metadata:
         return Metadata(self.model.config, self.class_names, tuple(self.hparams.mean), tuple(self.hparams.std))
@@ -231,7 +232,7 @@ class ViTClassifier(L.LightningModule):
         from timm.scheduler import CosineLRScheduler
 
         hp, trainer = self.hparams, self.trainer
-        global_batch = trainer.datamodule.batch_size * trainer.world_size * trainer.accumulate_grad_batches
+        global_batch = trainer.datamodule.batch_size * trainer.accumulate_grad_batches
         lr = hp.lr * global_batch / hp.lr_batch_size
         total = trainer.estimated_stepping_batches
         trainer.fit_loop.setup_data()  # (done already unless the run is open-ended) num_training_batches
@@ -248,7 +249,8 @@ class ViTClassifier(L.LightningModule):
         length = f"step {int(total)}" if finite else ""
         if clock is not None:
             length = f"{length} or " * bool(length) + f"{clock[1]:.0f} s of training, whichever comes first"
-        rank_zero_info(f"global batch {global_batch}: lr {hp.lr:g} × {global_batch}/{hp.lr_batch_size} = {lr:g}; "
+        split = f" = {trainer.world_size} processes × {trainer.datamodule.process_batch()}" * (trainer.world_size > 1)
+        rank_zero_info(f"global batch {global_batch}{split}: lr {hp.lr:g} × {global_batch}/{hp.lr_batch_size} = {lr:g}; "
                        f"{warmup} warmup steps, then cosine to {hp.min_lr:g} at {length}")
         if hp.optimizer == "muon":
             from timm.optim import Muon

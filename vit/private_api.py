@@ -9,7 +9,12 @@ PRIVATE_USES = (
      "the values every rank has already computed: the public trainer.progress_bar_metrics computes them, a synced "
      "metric's all-gather that rank zero alone would issue (a DDP deadlock)"),
     ("vit/loggers.py", "_wandb_init", "WandbLogger drops the 'anonymous' entry Lightning always passes to "
-     "wandb.init, of which wandb warns that it has no effect; no constructor argument leaves it out"),
+     "wandb.init, of which wandb warns that it has no effect (no constructor argument leaves it out), and turns "
+     "its mode to offline when rank zero finds the W&B server out of reach, which is known only when the run "
+     "starts, after the constructor"),
+    ("vit/loggers.py", "_experiment", "WandbLogger asks the network only before its W&B run exists "
+     "(Lightning's experiment property keeps it there, with no public 'started' flag); CSVLogger makes its "
+     "appending writer there, as Lightning's own property does"),
     ("vit/loggers.py", "_fs", "CSVLogger appends to a resumed run's metrics.csv: Lightning's ExperimentWriter "
      "deletes an existing file (its _check_log_dir_exists, overridden) and has no option to keep it"),
     ("vit/data.py", "lightning.pytorch.overrides.distributed", "UnrepeatedDistributedSampler: under DDP each "

@@ -135,7 +135,7 @@ class TrainingClock(L.Callback):
 
     def on_train_start(self, trainer, pl_module):
         self.trainer, self.first_step = trainer, trainer.global_step
-        self.global_batch = trainer.datamodule.batch_size * trainer.world_size * trainer.accumulate_grad_batches
+        self.global_batch = trainer.datamodule.batch_size * trainer.accumulate_grad_batches
         self.started, self.stopped = time.perf_counter(), None
 
     def on_train_end(self, trainer, pl_module):

@@ -26,6 +26,7 @@ from collections.abc import Callable
 import lightning as L
 import numpy as np
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_info
 import torch
 from torch.utils.data import Dataset, DistributedSampler
 
@@ -157,9 +158,16 @@ class RNGStates(L.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         pending, self.pending = self.pending, None
-        if (pending and pending["batches"] > 0 and len(pending["states"]) == trainer.world_size
-                and (pending["epoch"], pending["batches"]) == (trainer.current_epoch, consumed_batches(trainer))):
-            set_rng_states(pending["states"][trainer.global_rank])
+        if not (pending and (pending["epoch"], pending["batches"]) == (trainer.current_epoch, consumed_batches(trainer))):
+            return
+        if len(pending["states"]) == trainer.world_size:
+            if pending["batches"] > 0:
+                set_rng_states(pending["states"][trainer.global_rank])
+            return
+        rank_zero_info(f"resumed on {trainer.world_size} process(es) from a checkpoint of {len(pending['states'])}: "
+                       f"the data continues at the same image with the same augmentations (the global batch "
+                       f"is the same); each process's own random draws (dropout, stochastic depth, token "
+                       f"dropping, Mixup/CutMix pairs, random erasing) are drawn anew from seeds of (epoch, rank)")
 
 
 def at_epoch_end(trainer) -> bool:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from vit.exits import RunError
+from vit.checkpoints import read_checkpoint
+from vit.exits import CheckpointError, RunError
 from vit.launch import launch_name
 
 CHECKPOINTS = "checkpoints"
@@ -42,18 +43,39 @@ def wandb_id(run: Path, known: str | None = None) -> str:
     return path.read_text().strip()
 
 
+def checkpoints(run: Path) -> list[Path]:
+    """The run's checkpoints (last.ckpt at each epoch's end, step.ckpt mid-epoch, the best ones), newest
+    first. Each was written whole or not at all (vit.checkpoint_io), but a file copied, restored or
+    written by another tool may still be torn: ``newest_readable`` reads them."""
+    folder = run / CHECKPOINTS
+    found = [p for p in folder.glob("*.ckpt") if p.is_file()] if folder.is_dir() else []
+    return sorted(found, key=lambda p: p.stat().st_mtime_ns, reverse=True)
+
+
 def last_checkpoint(run: Path) -> Path | None:
-    """The run's newest checkpoint to resume from: last.ckpt (an epoch's end) or step.ckpt (the rolling
-    step checkpoint, or the preemption stop's), whichever was written last (Lightning writes each file
-    whole or not at all: a temporary file, then a move)."""
-    found = [p for p in (run / CHECKPOINTS / LAST, run / CHECKPOINTS / STEP) if p.is_file()]
-    return max(found, key=lambda p: p.stat().st_mtime_ns, default=None)
+    """The run's newest checkpoint file, read or not."""
+    return next(iter(checkpoints(run)), None)
+
+
+def newest_readable(run: Path) -> tuple[Path, dict, str] | None:
+    """(path, checkpoint, a line naming each newer file skipped and why, or "") of the run's newest
+    checkpoint that reads; None when the run has none; RunError when it has some and none reads."""
+    skipped = []
+    for path in checkpoints(run):
+        try:
+            return path, read_checkpoint(path), "".join(f"; skipped {reason}" for reason in skipped)
+        except CheckpointError as e:
+            skipped.append(str(e))
+    if skipped:
+        raise RunError(f"{run}: no checkpoint of this run reads ({'; '.join(skipped)}): move them away to "
+                       f"start the run anew, or resume from a copy with --ckpt_path FILE")
+    return None
 
 
 def newest_run(root: Path) -> Path | None:
     """The run under ``root`` whose newest checkpoint was written last."""
-    runs = [d for d in root.iterdir() if d.is_dir() and last_checkpoint(d)] if root.is_dir() else []
-    return max(runs, key=lambda d: last_checkpoint(d).stat().st_mtime, default=None)
+    found = [(d, last_checkpoint(d)) for d in root.iterdir() if d.is_dir()] if root.is_dir() else []
+    return max((d for d, ckpt in found if ckpt), key=lambda d: last_checkpoint(d).stat().st_mtime_ns, default=None)
 
 
 def run_of(checkpoint: Path) -> Path | None:
@@ -75,34 +97,43 @@ def claim_new_version(root: Path) -> Path:
             n += 1
 
 
-def resolve(root: Path, ckpt_path: str | None, name: str | None) -> tuple[Path, Path | None, str | None]:
-    """(run folder, checkpoint to resume or None, one line to print or None) for a ``fit``.
+def resolve(root: Path, ckpt_path: str | None, name: str | None) -> tuple[Path, Path | None, dict | None, str | None]:
+    """(run folder, checkpoint to resume or None, that checkpoint read when ``ckpt_path`` is "last", one line
+    to print or None) for a ``fit``.
 
-    ``ckpt_path``: None (a new run), "last" (the newest run of ``root``, or the run ``name``), or a file
-    (its own run folder when it sits in one). ``name``: a run folder under ``root`` chosen by the user.
+    ``ckpt_path``: None (a new run), "last" (the newest readable checkpoint of the newest run of ``root``,
+    or of the run ``name``), or a file (its own run folder when it sits in one). ``name``: a run folder
+    under ``root`` chosen by the user.
     """
     shared = os.environ.get(ENV)
     if shared:  # a process started by Lightning's DDP launcher: the launching process chose
         run = Path(shared)
-        return run, (last_checkpoint(run) if ckpt_path == "last" else ckpt_path and Path(ckpt_path)), None
+        if ckpt_path == "last":
+            path, ckpt, _ = newest_readable(run) or (None, None, "")
+            return run, path, ckpt, None
+        return run, ckpt_path and Path(ckpt_path), None, None
     fixed = name or launch_name()
     if ckpt_path and ckpt_path != "last":
         ckpt = Path(ckpt_path)
         run = root / fixed if fixed else run_of(ckpt) or claim_new_version(root)
         run.mkdir(parents=True, exist_ok=True)
-        return run, ckpt, f"resuming from {ckpt}; this run writes into {run}"
+        return run, ckpt, None, f"resuming from {ckpt}; this run writes into {run}"
     if fixed:
         run = root / fixed
-        ckpt = last_checkpoint(run) if ckpt_path == "last" else None
-        if ckpt is None and last_checkpoint(run) and name:
+        found = newest_readable(run) if ckpt_path == "last" else None
+        if found is None and last_checkpoint(run) and name:
             raise RunError(f"--run {name}: {run} holds a run already; resume it with --ckpt_path last, "
                            f"or choose another name")
         run.mkdir(parents=True, exist_ok=True)
-        return run, ckpt, f"resuming {run} from its {ckpt.name}" if ckpt else None
+        if found is None:
+            return run, None, None, None
+        path, ckpt, skipped = found
+        return run, path, ckpt, f"resuming {run} from its {path.name}{skipped}"
     if ckpt_path == "last":
         run = newest_run(root)
         if run is not None:
-            ckpt = last_checkpoint(run)
-            return run, ckpt, f"resuming {run} (the newest run under {root}) from its {ckpt.name}"
-        return claim_new_version(root), None, f"--ckpt_path last: no run under {root} has a checkpoint yet; starting a new run"
-    return claim_new_version(root), None, None
+            path, ckpt, skipped = newest_readable(run)
+            return run, path, ckpt, f"resuming {run} (the newest run under {root}) from its {path.name}{skipped}"
+        return claim_new_version(root), None, None, \
+            f"--ckpt_path last: no run under {root} has a checkpoint yet; starting a new run"
+    return claim_new_version(root), None, None, None

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch import DATA_ARGS, ROOT, in_terminal, user_env
+from launch import DATA_ARGS, ROOT, in_terminal, max_abs_diff, user_env
 from test_train import TEST_LINE, best_val_acc, load
 
 TRAIN = [str(ROOT / "scripts" / "train.py"), "--config", "smoke", *DATA_ARGS]
@@ -132,7 +132,7 @@ def test_torchrun_restarts_a_killed_worker_and_the_group_ends_exact(tmp_path, fa
         return subprocess.run([str(torchrun), "--nnodes", "1", "--nproc-per-node", "2", "--max-restarts", "1",
                                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
                                "--rdzv-id", name, *TRAIN, "--data.root", str(fake_cifar_session),
-                               "--data.batch_size", "25", "--trainer.max_epochs", "2", "--trainer.accelerator", "cpu",
+                               "--data.batch_size", "50", "--trainer.max_epochs", "2", "--trainer.accelerator", "cpu",
                                "--ckpt_path", "last", "--step_checkpoint_minutes", "0.0001", *extra],
                               cwd=tmp_path, env=user_env(), capture_output=True, text=True, timeout=400)
 
@@ -153,3 +153,53 @@ def test_torchrun_restarts_a_killed_worker_and_the_group_ends_exact(tmp_path, fa
     wandb_runs = sorted((runs / "torchrun-killed" / "wandb").glob("offline-run-*"))
     assert len(wandb_runs) == 2 and len({r.name.rsplit("-", 1)[1] for r in wandb_runs}) == 1  # one W&B run
     assert len(re.findall(TEST_LINE, out)) == 1
+
+
+def steps_seen(run: Path) -> dict[int, list[str]]:
+    """step → the images all processes of the run trained on in that step (vit's RecordBatches lines)."""
+    seen: dict[int, list[str]] = {}
+    for path in run.glob("batches.*"):
+        for line in path.read_text().splitlines():
+            step, *images = line.split()
+            seen.setdefault(int(step), []).extend(images)
+    return {step: sorted(images) for step, images in seen.items()}
+
+
+def test_more_processes_train_the_same_run(tmp_path, fake_cifar_session):
+    """The smoke recipe (no batch-level mixing) with one global batch of 50 and the same seed, on 1 process,
+    on Lightning's DDP × 2, and on torchrun across 2 "nodes" × 1: in every step the processes together
+    train on the same 50 images, augmented alike, and the runs end with the same weights up to the order of
+    float sums (DDP averages two half-batch gradients; one process takes the mean of the whole batch)."""
+    common = [*TRAIN, "--data.root", str(fake_cifar_session), "--trainer.max_epochs", "2",
+              "--trainer.accelerator", "cpu", "--trainer.logger", "false", "--test_after_fit", "false",
+              "--data.num_workers", "2", "--trainer.callbacks+=callbacks.RecordBatches"]
+    torchrun, port = Path(sys.executable).with_name("torchrun"), free_port()
+    launches = {
+        "version_0": [[sys.executable, *common, "--run", "version_0"]],
+        "ddp": [[sys.executable, *common, "--run", "ddp", "--trainer.devices", "2", "--trainer.strategy", "ddp"]],
+        "torchrun-nodes": [[str(torchrun), "--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "1",
+                            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "nodes",
+                            *common] for rank in (0, 1)],
+    }
+    outs = {}
+    for name, cmds in launches.items():
+        procs = [subprocess.Popen(cmd, cwd=tmp_path, env=user_env(), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True) for cmd in cmds]
+        try:
+            outs[name] = "".join(p.communicate(timeout=300)[0] for p in procs)
+        finally:
+            for p in procs:
+                p.kill()
+        assert all(p.returncode == 0 for p in procs), outs[name][-3000:]
+    assert "global batch 50 = 2 processes × 25: lr" in outs["ddp"] and "global batch 50: lr" in outs["version_0"]
+    runs = tmp_path / "runs" / "smoke"
+    one = steps_seen(runs / "version_0")
+    assert sorted(one) == list(range(14)) and all(len(images) == 50 for images in one.values())
+    weights = load(runs / "version_0" / "checkpoints" / "last.ckpt")
+    for name in ("ddp", "torchrun-nodes"):
+        assert steps_seen(runs / name) == one, name  # the same images, augmented alike, in every step
+        ckpt = load(runs / name / "checkpoints" / "last.ckpt")
+        assert ckpt["global_step"] == weights["global_step"] == 14
+        delta = max_abs_diff(ckpt["state_dict"], weights["state_dict"])
+        print(f"{name}: max |Δw| against one process after 14 steps: {delta:.3g}")
+        assert delta < 1e-4, name

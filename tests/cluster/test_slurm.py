@@ -61,7 +61,7 @@ def test_sigusr1_in_the_first_epoch_requeues_the_job_which_resumes_from_the_stop
     a 2-task job (7 steps per epoch; no epoch has ended, no step checkpoint is due): both tasks write the
     stop step's checkpoint, the requeued job resumes from it, executes the remaining steps only, and
     ends with the uninterrupted job's weights, in one W&B run."""
-    args = [*SMOKE, *data(fake_cifar_session), "--data.batch_size", "25", "--trainer.max_epochs", "2",
+    args = [*SMOKE, *data(fake_cifar_session), "--data.batch_size", "50", "--trainer.max_epochs", "2",
             "--trainer.log_every_n_steps", "1", "--trainer.callbacks+=callbacks.SlowSteps",
             "--trainer.callbacks.seconds", "0.5", "--trainer.callbacks+=callbacks.CountSteps"]
     whole = sbatch(clone, *args)

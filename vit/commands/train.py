@@ -30,13 +30,13 @@ from lightning.pytorch.plugins.environments import LightningEnvironment, SLURMEn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from vit import configs, launch, results, runs
-from vit import exits
+from vit import configs, environment, exits, launch, results, runs
 from vit.callbacks import LogConfig, TimeToAccuracy
 from vit.guards import StopAfterMinutes, StopOnNonFinite, StopOnSignal
 from vit.progress import ModelSummary, ProgressBar
 from vit.resume import RNGStates, StepCheckpoint
 from vit.seeding import EpochSeed
+from vit.checkpoint_io import AtomicCheckpointIO
 from vit.checkpoints import read_checkpoint
 from vit.exits import CheckpointError, ConfigError, Stopped
 from vit.loggers import WandbLogger
@@ -88,6 +88,7 @@ class ViTCLI(LightningCLI):
         self.mode, self.argv, self.claimed, self.resume = mode, argv, claimed, None
         defaults = [configs.path(configs.BASE), configs.path(configs.DEFAULT)]
         if mode == "fit" and not named_recipes(argv) and not gpu_present():
+            environment.check_gpus_usable()  # GPUs given but unusable: never the CPU recipe in their place
             defaults.append(configs.path(configs.CPU))
             rank_zero_info(f"no GPU here: the default recipe {configs.DEFAULT} is a GPU recipe (100 epochs, bf16), so "
                            f"this runs the {configs.CPU} recipe (10 minutes); name a recipe with --config to choose")
@@ -136,6 +137,8 @@ class ViTCLI(LightningCLI):
 
     def before_instantiate_classes(self):
         cfg = self.config
+        if str(cfg.trainer.accelerator) in ("auto", "gpu", "cuda"):
+            environment.check_gpus_usable()
         root = Path(cfg.trainer.default_root_dir or Path("runs") / recipe_name(self.argv))
         if self.mode == "test":
             if not cfg.ckpt_path or cfg.ckpt_path == "last":
@@ -146,14 +149,15 @@ class ViTCLI(LightningCLI):
             run = runs.run_of(Path(cfg.ckpt_path)) or runs.claim_new_version(root)
             self.resume = (Path(cfg.ckpt_path), ckpt)
         else:
-            if cfg.ckpt_path not in (None, "last"):
-                self.check_resumable(read_checkpoint(cfg.ckpt_path))
+            given = read_checkpoint(cfg.ckpt_path) if cfg.ckpt_path not in (None, "last") else None
+            if given is not None:
+                self.check_resumable(given)
             existed = set(root.iterdir()) if root.is_dir() else set()
-            run, ckpt_path, note = runs.resolve(root, cfg.ckpt_path, cfg.run)
+            run, ckpt_path, ckpt, note = runs.resolve(root, cfg.ckpt_path, cfg.run)
             if run not in existed:
                 self.claimed.append(run)
             if ckpt_path is not None:
-                ckpt = read_checkpoint(ckpt_path)
+                ckpt = ckpt or given or read_checkpoint(ckpt_path)
                 self.check_resumable(ckpt)
                 self.resume = (ckpt_path, ckpt)
             rank_zero_info(note or f"run folder: {run}")
@@ -181,7 +185,8 @@ class ViTCLI(LightningCLI):
                        + (f" (the allocation's; the recipe's {' and '.join(overridden)} overridden)" if overridden else ""))
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
-        """The Trainer as configured, plus: DDP with the --ddp_timeout on its process group; under SLURM,
+        """The Trainer as configured, plus: DDP with the --ddp_timeout on its process group; checkpoints
+        written atomically in their own folder (vit.checkpoint_io); under SLURM,
         Lightning's own preemption handler off (it deadlocks DDP: vit.guards.StopOnSignal handles
         SIGUSR1); and the run's own callbacks (run_callbacks)."""
         config = self.config_init.trainer
@@ -192,11 +197,11 @@ class ViTCLI(LightningCLI):
         if strategy == "ddp" or (strategy == "auto" and count * nodes > 1):
             from lightning.pytorch.strategies import DDPStrategy
 
+            environment.nccl_errors_reach_python()  # (before the processes and their group are made)
             kwargs["strategy"] = DDPStrategy(timeout=timedelta(seconds=self.config.ddp_timeout))
-        if launch.slurm_job():
-            plugins = config.get("plugins") or []
-            kwargs["plugins"] = [*(plugins if isinstance(plugins, list) else [plugins]),
-                                 SLURMEnvironment(auto_requeue=False)]
+        plugins = config.get("plugins") or []
+        kwargs["plugins"] = [*(plugins if isinstance(plugins, list) else [plugins]), AtomicCheckpointIO(),
+                             *([SLURMEnvironment(auto_requeue=False)] if launch.slurm_job() else [])]
         configured = config.get("callbacks") or []
         configured = configured if isinstance(configured, list) else [configured]
         kwargs["callbacks"] = [*configured, *self.run_callbacks(config, configured)]
@@ -380,12 +385,15 @@ def end_wandb_run(code: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import torch
+
     argv = list(sys.argv[1:] if argv is None else argv)
     mode = argv.pop(0) if argv and argv[0] in MODES else "fit"
     claimed: list[Path] = []  # a run folder this process created
     inherited = runs.ENV in os.environ  # set by the process that launched this one (DDP)
     code = 1  # a bug, unless the run ends otherwise below
     results.commit()  # the code that runs, before anyone edits the tree
+    cli = None
     try:
         cli = ViTCLI(mode, argv, claimed)
         if mode == "fit":
@@ -396,6 +404,14 @@ def main(argv: list[str] | None = None) -> int:
         code, message = exits.status_of(exits.BadInput()), condense(str(e))
     except (exits.TrainingDiverged, exits.Stopped) as e:
         code, message = exits.status_of(e), str(e)
+    except OSError as e:
+        if not environment.storage_full(e):
+            raise  # a bug, or a failure we do not know: exit 1 with its traceback
+        run = os.environ.get(runs.ENV)
+        code, message = exits.status_of(exits.StorageFull()), environment.storage_message(e, run and Path(run), argv)
+    except torch.OutOfMemoryError as e:
+        code = exits.status_of(exits.OutOfDeviceMemory())
+        message = environment.out_of_memory_message(e, cli and cli.datamodule)
     except RuntimeError as e:
         if not lost_contact(e):
             raise  # a bug: exit 1 with its traceback
@@ -413,7 +429,10 @@ def main(argv: list[str] | None = None) -> int:
         if not inherited:
             os.environ.pop(runs.ENV, None)
         end_wandb_run(code)
-    if rank_zero_only.rank == 0:  # under DDP every process fails alike: say it once
+    # every process fails alike on a bad input, a divergence or a stop (say it once); a full disk or device
+    # memory is one process's own
+    alike = code in [exits.status_of(e()) for e in (exits.BadInput, exits.TrainingDiverged, exits.Stopped)]
+    if rank_zero_only.rank == 0 or not alike:
         print(f"{'stopped' if code == exits.status_of(exits.Stopped()) else 'error'}: {message}", file=sys.stderr)
     for run in claimed:
         if run.is_dir() and {p.name for p in run.iterdir()} <= {runs.WANDB_ID}:

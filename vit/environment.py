@@ -1,0 +1,140 @@
+"""What the machine does to a run that is not a bug, each turned into one line and its exit status
+(vit.exits): a full disk or an exceeded quota, the accelerator's memory running out, GPUs allocated that
+torch cannot use, NCCL's collective timeouts, and a W&B server out of reach (which is no failure: the
+run logs offline)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shlex
+import subprocess
+import threading
+from pathlib import Path
+
+from vit import launch
+from vit.exits import AcceleratorUnusable
+
+STORAGE_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def storage_full(error: OSError) -> bool:
+    return error.errno in STORAGE_FULL
+
+
+def resume_command(argv: list[str], run: Path) -> str:
+    """The command that continues ``run``: this command line, with --ckpt_path last --run <run>."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--ckpt_path", "--run"):
+            skip = True
+        elif not arg.startswith(("--ckpt_path=", "--run=")):
+            kept.append(arg)
+    return shlex.join(["python", "scripts/train.py", *kept, "--ckpt_path", "last", "--run", run.name])
+
+
+def storage_message(error: OSError, run: Path | None, argv: list[str]) -> str:
+    """One line: which path, why, the run's last good checkpoint and the command that resumes."""
+    from vit import runs
+    from vit.exits import RunError
+
+    where = f" writing {error.filename}" if error.filename else ""
+    cause = "no space left on the device" if error.errno == errno.ENOSPC else "the disk quota is exceeded"
+    line = f"{cause}{where} ({errno.errorcode[error.errno]}: a full disk or an exceeded quota, not a bug)."
+    if run is None:
+        return line
+    try:
+        found = runs.newest_readable(run)
+    except RunError:
+        found = None
+    last = f"its last good checkpoint is {found[0]} (step {found[1].get('global_step')})" if found else \
+        "it has no checkpoint yet"
+    return (f"{line} The run folder {run} is intact (checkpoints are written whole or not at all); {last}. Free "
+            f"space, then resume with the same command: {resume_command(argv, run)}")
+
+
+def out_of_memory_message(error: BaseException, datamodule) -> str:
+    share = datamodule.process_batch() if datamodule is not None and datamodule.trainer is not None else None
+    total = getattr(datamodule, "batch_size", None)
+    batch = f"{share} images per device (the global batch {total} split among the processes)" if share else \
+        "this batch"
+    half = f"--data.batch_size {total // 2} --trainer.accumulate_grad_batches 2" if total else \
+        "half the batch with --trainer.accumulate_grad_batches 2"
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    return (f"the accelerator ran out of memory with {batch}. Try {half} (the same global batch and lr in two "
+            f"passes), a smaller --data.batch_size (the lr scales with it), --trainer.precision bf16-mixed, or more "
+            f"devices (each takes a smaller share) ({first[:200]})")
+
+
+def driver_report() -> str:
+    """What the NVIDIA driver says of itself, in a few words."""
+    try:
+        out = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20)
+    except FileNotFoundError:
+        return "no NVIDIA driver answers here (nvidia-smi is not installed)"
+    except subprocess.TimeoutExpired:
+        return "nvidia-smi did not answer within 20 s"
+    import re
+
+    driver = re.search(r"Driver Version:\s*(\S+)", out.stdout)
+    cuda = re.search(r"CUDA Version:\s*(\S+)", out.stdout)
+    if out.returncode != 0 or not driver:
+        first = next((line for line in (out.stdout + out.stderr).splitlines() if line.strip()), "no output")
+        return f"nvidia-smi fails: {first.strip()}"
+    return f"the driver is {driver.group(1)}" + (f", for CUDA up to {cuda.group(1)}" if cuda else "")
+
+
+def check_gpus_usable() -> None:
+    """A job given GPUs (CUDA_VISIBLE_DEVICES, SLURM's gres) where torch cannot use them stops with one line
+    (exit 2) instead of training on the CPU."""
+    import torch
+
+    given = launch.allocated_gpus()
+    if given is None or torch.cuda.is_available():
+        return
+    built = f"torch {torch.__version__} is built for CUDA {torch.version.cuda}" if torch.version.cuda else \
+        f"torch {torch.__version__} is a CPU-only build"
+    raise AcceleratorUnusable(
+        f"this job was given GPUs ({given}) but torch cannot use them: {built}, and {driver_report()}. Install a "
+        f"torch built for this driver's CUDA (or load the cluster's own torch), or train on the CPU on purpose "
+        f"with --trainer.accelerator cpu")
+
+
+def nccl_errors_reach_python() -> None:
+    """NCCL's watchdog, on a collective that outlives the process group's timeout, by default ends the process
+    from its own thread (TORCH_NCCL_ASYNC_ERROR_HANDLING=3: SIGABRT, no message of ours). With 2 it aborts the
+    communicator only, and the main thread's collective raises DistBackendError, which vit.commands.train turns
+    into the same one line and exit 5 as gloo's timeouts. Set before the process group is made; a value the
+    user set is kept."""
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+
+
+def wandb_unreachable(timeout: float) -> str | None:
+    """Why the W&B server cannot be reached from here, or None when it answers within ``timeout`` seconds
+    (any HTTP answer counts). DNS, connect and the answer together are bounded: the probe runs in a
+    thread that is left behind when it takes longer."""
+    import urllib.error
+    import urllib.request
+
+    url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+    failed: list[BaseException] = []
+
+    def probe() -> None:
+        try:
+            urllib.request.urlopen(url, timeout=timeout).close()
+        except urllib.error.HTTPError:
+            pass  # the server answered
+        except OSError as e:  # URLError, a refused or reset connection, a timeout, TLS: no route to W&B
+            failed.append(e)
+
+    thread = threading.Thread(target=probe, name="wandb-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        return f"{url} did not answer within {timeout:g} s"
+    if failed:
+        reason = getattr(failed[0], "reason", failed[0])
+        return f"{url} cannot be reached ({reason})"
+    return None
