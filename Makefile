@@ -3,16 +3,29 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
+# Where packages come from: the index (default), or WHEELS=DIR, a folder `make wheels` filled on a machine
+# with network (an offline compute node installs from it alone).
+WHEELS ?=
+# SYSTEM_SITE=1: the venv sees the environment's packages (a cluster's torch module or container) and keeps
+# each one that satisfies pyproject.toml's ranges; without it, CI's exact versions (constraints.txt) apply.
+SYSTEM_SITE ?=
+PIN    := $(if $(SYSTEM_SITE),,-c constraints.txt)
+FROM   := $(if $(WHEELS),--no-index --find-links $(WHEELS) --no-build-isolation,)
 
-.PHONY: install train test test-cluster benchmark figures
+.PHONY: install wheels train test test-cluster benchmark figures
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+$(VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(if $(SYSTEM_SITE),--system-site-packages) $(VENV)
+	$(if $(WHEELS),,$(BIN)/python -m pip install --quiet --upgrade pip)
+	$(if $(WHEELS),$(BIN)/python -m pip install --quiet $(FROM) $(PIN) 'setuptools>=77')
+	$(BIN)/python -m pip install --quiet $(FROM) $(PIN) -e '.[dev]'
 	touch $@
+
+# Every package `make install` takes, CI's versions, into WHEELS (default wheels/), for an offline install.
+wheels:
+	$(PYTHON) -m pip download --quiet --dest $(or $(WHEELS),wheels) $(PIN) '.[dev]' 'setuptools>=77'
 
 train: install
 	$(BIN)/python scripts/train.py $(ARGS)

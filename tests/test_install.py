@@ -7,6 +7,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -43,3 +45,52 @@ def test_wheel_carries_recipes_and_commands(tmp_path):
     assert "a recipe (cpu, finetune_cifar10, smoke, vit_cifar10, vit_cifar10_fast, vit_tiny_cifar10)" in text
     assert "site/vit/configs/smoke.yaml" in text.replace(" ", "")  # found in the installed package
     assert list(elsewhere.iterdir()) == []
+
+
+def test_an_offline_node_installs_from_a_wheel_folder_and_keeps_the_environments_torch(tmp_path, fake_cifar):
+    """README's cluster install: `make install WHEELS=DIR SYSTEM_SITE=1` in a venv that sees an environment's
+    packages (here: this venv's, as a cluster's torch module or container would provide them, less einops),
+    with no index at all. torch is reused, not reinstalled; einops (and setuptools, to build the checkout)
+    come from the wheel folder, filled beforehand on a machine with network as `make wheels` does;
+    `--config smoke` trains end to end."""
+    import importlib.metadata
+    import os
+
+    import torch
+
+    wheels = tmp_path / "wheels"
+    fetched = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(wheels),
+                              f"einops=={importlib.metadata.version('einops')}", "setuptools>=77"],
+                             capture_output=True, text=True,
+                             timeout=300)
+    if fetched.returncode != 0:
+        pytest.skip(f"the package index is out of reach to fill the wheel folder: {fetched.stderr[-300:]}")
+    site = Path(torch.__file__).parents[1]
+    environment = tmp_path / "environment"  # the cluster's packages: this venv's, without einops and vit
+    environment.mkdir()
+    for entry in site.iterdir():
+        if not entry.name.lower().startswith(("einops", "vit_lightning", "__editable__", "_virtualenv")):
+            (environment / entry.name).symlink_to(entry)
+    venv, source = tmp_path / "venv", tmp_path / "src"
+    subprocess.run([sys._base_executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    (next((venv / "lib").glob("python3*")) / "site-packages" / "environment.pth").write_text(f"{environment}\n")
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", ".venv", "runs", "data", "build", "*.egg-info",
+                                                                 "__pycache__", ".pytest_cache", "docs", "wheels"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "VIRTUAL_ENV"))}
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1")  # no index, no find-links but the folder
+    install = subprocess.run(["make", "install", f"VENV={venv}", f"WHEELS={wheels}", "SYSTEM_SITE=1"], cwd=source,
+                             env=env, capture_output=True, text=True, timeout=600)
+    assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-3000:]
+    python = str(venv / "bin" / "python")
+    where = subprocess.run([python, "-c", "import torch, einops, vit; print(torch.__file__, einops.__file__, "
+                                          "vit.__file__)"], cwd=tmp_path, capture_output=True, text=True, env=env,
+                           timeout=120)
+    torch_at, einops_at, vit_at = where.stdout.split()
+    assert torch_at.startswith(str(environment)) and einops_at.startswith(str(venv)) and \
+        vit_at.startswith(str(source)), where.stdout + where.stderr
+    run = subprocess.run([python, str(source / "scripts" / "train.py"), "--config", "smoke", "--data.root", str(fake_cifar),
+                          "--data.val_size", "100", "--data.num_workers", "0", "--data.batch_size", "50",
+                          "--trainer.max_epochs", "1"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**env, "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "test on 200 images" in run.stderr
