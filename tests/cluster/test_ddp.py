@@ -95,20 +95,26 @@ def free_port() -> int:
 
 def test_torchrun_across_two_nodes_gives_one_run(tmp_path, fake_cifar_session):
     """README's torchrun line, two "nodes" of one process on 127.0.0.1: one run folder, one W&B run,
-    checkpoints written once, the test line once; nodes and devices from torchrun."""
+    checkpoints written once, the test line once; nodes and devices from torchrun. With W&B credentials and
+    a W&B server that never answers: rank zero alone asks, once, and the run logs offline."""
     torchrun = Path(sys.executable).with_name("torchrun")
     port = free_port()
-    procs = [subprocess.Popen([str(torchrun), "--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "1",
-                               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "pair",
-                               *TRAIN, "--data.root", str(fake_cifar_session), "--trainer.max_epochs", "2",
-                               "--trainer.accelerator", "cpu"],
-                              cwd=tmp_path, env=user_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for rank in (0, 1)]
-    try:
-        outs = [p.communicate(timeout=300)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
+    with socket.socket() as silent:  # W&B credentials, and a W&B server that never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        env = user_env(WANDB_API_KEY="0123456789abcdef0123456789abcdef01234567",
+                       WANDB_BASE_URL=f"http://127.0.0.1:{silent.getsockname()[1]}")
+        procs = [subprocess.Popen([str(torchrun), "--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "1",
+                                   "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id",
+                                   "pair", *TRAIN, "--data.root", str(fake_cifar_session), "--trainer.max_epochs", "2",
+                                   "--trainer.accelerator", "cpu"],
+                                  cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for rank in (0, 1)]
+        try:
+            outs = [p.communicate(timeout=300)[0] for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
     assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2000:] for o in outs)
     out = "".join(outs)
     run = tmp_path / "runs" / "smoke" / "torchrun-pair"
@@ -118,6 +124,7 @@ def test_torchrun_across_two_nodes_gives_one_run(tmp_path, fake_cifar_session):
     (best,) = (run / "checkpoints").glob("best-*.ckpt")
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == sorted([best.name, "last.ckpt"])
     assert len(list((run / "wandb").glob("offline-run-*"))) == 1
+    assert out.count(f"wandb: {env['WANDB_BASE_URL']} did not answer within 10 s; logging offline") == 1  # rank 0
     assert len(re.findall(TEST_LINE, out)) == 1
 
 
@@ -169,7 +176,8 @@ def test_more_processes_train_the_same_run(tmp_path, fake_cifar_session):
     """The smoke recipe (no batch-level mixing) with one global batch of 50 and the same seed, on 1 process,
     on Lightning's DDP × 2, and on torchrun across 2 "nodes" × 1: in every step the processes together
     train on the same 50 images, augmented alike, and the runs end with the same weights up to the order of
-    float sums (DDP averages two half-batch gradients; one process takes the mean of the whole batch)."""
+    float sums (DDP averages two half-batch gradients; one process takes the mean of the whole batch). So
+    does a one-process run killed mid-epoch and resumed on DDP × 2 (a requeue onto another allocation)."""
     common = [*TRAIN, "--data.root", str(fake_cifar_session), "--trainer.max_epochs", "2",
               "--trainer.accelerator", "cpu", "--trainer.logger", "false", "--test_after_fit", "false",
               "--data.num_workers", "2", "--trainer.callbacks+=callbacks.RecordBatches"]
@@ -193,11 +201,26 @@ def test_more_processes_train_the_same_run(tmp_path, fake_cifar_session):
         assert all(p.returncode == 0 for p in procs), outs[name][-3000:]
     assert "global batch 50 = 2 processes × 25: lr" in outs["ddp"] and "global batch 50: lr" in outs["version_0"]
     runs = tmp_path / "runs" / "smoke"
+    # a requeue onto another allocation: one process killed at step 5 of 14 (its step checkpoint: step 4),
+    # resumed on DDP × 2 from the same global position
+    killed = subprocess.run([sys.executable, *common, "--run", "moved", "--step_checkpoint_minutes", "0.0001",
+                             "--trainer.callbacks+=callbacks.CrashAtStep", "--trainer.callbacks.step", "5"],
+                            cwd=tmp_path, env=user_env(), capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    (runs / "moved" / "batches.0").unlink()  # the killed attempt's record: the resumed one is compared
+    moved = subprocess.run([sys.executable, *common, "--run", "moved", "--ckpt_path", "last", "--trainer.devices", "2",
+                            "--trainer.strategy", "ddp"], cwd=tmp_path, env=user_env(), capture_output=True, text=True,
+                           timeout=300)
+    assert moved.returncode == 0, moved.stderr[-3000:]
+    assert "resuming runs/smoke/moved from its step.ckpt" in moved.stderr
+    assert "resumed on 2 process(es) from a checkpoint of 1: the data continues at the same image" in moved.stderr
     one = steps_seen(runs / "version_0")
+    assert steps_seen(runs / "moved") == {step: images for step, images in one.items() if step >= 4}
     assert sorted(one) == list(range(14)) and all(len(images) == 50 for images in one.values())
     weights = load(runs / "version_0" / "checkpoints" / "last.ckpt")
-    for name in ("ddp", "torchrun-nodes"):
-        assert steps_seen(runs / name) == one, name  # the same images, augmented alike, in every step
+    for name in ("ddp", "torchrun-nodes", "moved"):
+        if name != "moved":  # (its steps from 4 on are compared above)
+            assert steps_seen(runs / name) == one, name  # the same images, augmented alike, in every step
         ckpt = load(runs / name / "checkpoints" / "last.ckpt")
         assert ckpt["global_step"] == weights["global_step"] == 14
         delta = max_abs_diff(ckpt["state_dict"], weights["state_dict"])
