@@ -135,7 +135,8 @@ transform = timm.data.create_transform(**config)
 probabilities = model(transform(image).unsqueeze(0)).softmax(-1)   # image: a PIL image
 ```
 
-or, with the `vit` package: `vit-classify --checkpoint {name} image.jpg`.
+or, with the `vit` package: `vit-classify --checkpoint {name} image.jpg`. To drop your own photos on it and see
+where it looks, in a local web page: `vit-demo --checkpoint {name}` (`pip install 'vit-lightning[demo]'`).
 """
 
 
