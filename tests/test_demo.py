@@ -87,6 +87,11 @@ def test_without_gradio_or_with_a_bad_checkpoint_it_says_so(tmp_path, monkeypatc
     monkeypatch.setitem(sys.modules, "gradio", None)  # as where the demo extra is not installed
     assert main(["--checkpoint", str(tmp_path / "bad.ckpt")]) == 2
     assert capsys.readouterr().err.strip() == "error: vit-demo needs Gradio: pip install 'vit-lightning[demo]'"
+    # what the demo extra alone must carry: the page's code needs neither the training stack nor ONNX
+    heavy = subprocess.run([sys.executable, "-c", "import sys, vit.commands.demo, vit.demo; print(sorted({m.split('.')[0] "
+                            "for m in sys.modules} & {'lightning', 'wandb', 'onnx', 'onnxruntime', 'selenium'}))"],
+                           capture_output=True, text=True, timeout=120)
+    assert heavy.stdout.strip() == "[]", heavy.stdout + heavy.stderr
 
 
 @pytest.fixture(scope="module")

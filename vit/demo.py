@@ -24,6 +24,7 @@ from vit.visualize import overlay, upsample
 MAX_IMAGES = 20  # per request: more are named and left out, so that one drop never stalls the page
 MAX_SIDE = 1024  # the overlay at the original size is drawn at most this many pixels on its long side
 PREDICTED = "(the predicted class)"
+CARD = "display:flex;gap:16px;align-items:flex-start;flex-wrap:wrap;padding:8px 0;border-bottom:1px solid #ddd"
 
 
 @dataclass
@@ -44,7 +45,7 @@ def analyse(clf: Classifier, path: str | Path, head_fusion: str = "mean", discar
     try:
         image = load_image(path)
     except ImageError as e:
-        return Analysis(name, error=str(e))
+        return Analysis(name, error=str(e).replace(str(path), name))  # (an upload's path is the server's)
     small = clf.preprocess(image)
     probs = clf.probabilities(small[None])[0].cpu()  # exactly what vit-classify prints
     k = min(top_k, len(clf.class_names))
@@ -84,19 +85,22 @@ def render(results: list[Analysis], left_out: int = 0) -> str:
     for r in results:
         name = html.escape(r.name)
         if r.error is not None:
-            blocks.append(f'<div class="vit-result vit-error" data-name="{name}"><h3>{name}</h3>'
-                          f'<p class="vit-message">cannot be read: {html.escape(r.error)}</p></div>')
+            blocks.append(f'<div class="vit-result vit-error" data-name="{name}" style="{CARD}"><div><b>{name}</b>'
+                          f'<p class="vit-message" style="color:#b91c1c">cannot be read: {html.escape(r.error)}</p>'
+                          f'</div></div>')
             continue
         rows = "".join(f'<li><span class="vit-class">{html.escape(c)}</span> '
                        f'<span class="vit-prob">{p:.4f}</span></li>' for c, p in r.top)
         blocks.append(
-            f'<div class="vit-result" data-name="{name}"><h3>{name}</h3><ol class="vit-top">{rows}</ol>'
-            f'<p>where the model looks for <b class="vit-explained">{html.escape(r.explained)}</b>:</p>'
-            f'<figure><img class="vit-overlay-input" alt="rollout at the input size" src="{png_data_url(r.at_input)}" '
-            f'style="width:192px;image-rendering:pixelated"><figcaption>at the model\'s input size</figcaption></figure>'
-            f'<figure><img class="vit-overlay-original" alt="rollout at the original size" '
-            f'src="{png_data_url(r.at_original)}" style="max-width:100%"><figcaption>at the original size'
-            f'</figcaption></figure></div>')
+            f'<div class="vit-result" data-name="{name}" style="{CARD}">'
+            f'<div style="min-width:180px"><b>{name}</b><ol class="vit-top" style="margin:6px 0">{rows}</ol>'
+            f'<small>where it looks for <b class="vit-explained">{html.escape(r.explained)}</b></small></div>'
+            f'<figure style="margin:0"><img class="vit-overlay-input" alt="rollout at the input size" '
+            f'src="{png_data_url(r.at_input)}" style="width:160px;image-rendering:pixelated">'
+            f'<figcaption><small>at the model\'s input size</small></figcaption></figure>'
+            f'<figure style="margin:0"><img class="vit-overlay-original" alt="rollout at the original size" '
+            f'src="{png_data_url(r.at_original)}" style="max-width:420px;max-height:320px">'
+            f'<figcaption><small>at the original size</small></figcaption></figure></div>')
     if left_out:
         blocks.append(f'<p class="vit-left-out">{left_out} more image(s) left out: at most {MAX_IMAGES} per drop.</p>')
     return "\n".join(blocks)
