@@ -7,9 +7,8 @@ import tempfile
 import pytest
 import torch
 
-from test_resume import EVERY_STEP, assert_same_training_state
-from test_train import load, train_here
 from vit.checkpoint_io import save_atomically
+from helpers import EVERY_STEP, assert_same_training_state, load, train_here
 
 
 def test_a_save_never_uses_the_temp_folder_and_a_failed_one_leaves_the_old_checkpoint(tmp_path, monkeypatch):

@@ -12,6 +12,8 @@ import pytest
 import torch
 from PIL import Image
 
+from helpers import run_here
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -19,20 +21,6 @@ def run(script, *args, timeout=300):
     """README's command end to end, in a subprocess."""
     return subprocess.run([sys.executable, str(ROOT / "scripts" / script), *map(str, args)],
                           capture_output=True, text=True, timeout=timeout)
-
-
-def run_here(script, *args):
-    """The same command's main() in this process (its options, without a subprocess's start-up):
-    an object with returncode, stdout and stderr, as ``run`` gives."""
-    import contextlib
-    import importlib
-    import io
-
-    main = importlib.import_module(f"vit.commands.{script.removesuffix('.py')}").main
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(a) for a in args])
-    return subprocess.CompletedProcess(script, code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +164,6 @@ def test_export_round_trip_safetensors(trained_checkpoint, images, tmp_path):
     by_export = run_here("classify.py", "--checkpoint", tmp_path / "model.safetensors", good / "photo.png", "--json")
     by_ckpt = run_here("classify.py", "--checkpoint", trained_checkpoint, good / "photo.png", "--json")
     assert json.loads(by_export.stdout) == json.loads(by_ckpt.stdout)
-
 
 
 def test_rollout_cli_writes_a_figure_per_image(trained_checkpoint, images, tmp_path):

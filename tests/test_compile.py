@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import vit
-from test_train import ROOT, TEST_LINE, load
+
+from helpers import ROOT, TEST_LINE, load
 
 
 def _can_compile() -> str | None:

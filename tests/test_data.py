@@ -14,8 +14,8 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
-from conftest import CLASSES, make_fake_cifar
 from vit.data import CIFAR10DataModule, DatasetError, augmentation, stratified_split
+from helpers import CLASSES, make_fake_cifar
 
 
 def test_loads_official_format_with_stratified_seeded_split(fake_cifar):

@@ -13,8 +13,8 @@ import time
 import pytest
 import torch
 
-from test_resume import assert_same_training_state
-from test_train import ROOT, TESTS, errors_of, load, train_here
+from helpers import ROOT, TESTS, assert_same_training_state, errors_of, load, train_here
+
 
 QUIET = ["--trainer.logger", "false", "--test_after_fit", "false"]
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from test_train import QUIET, train, train_here
 from vit import exits
+from helpers import QUIET, train, train_here
 
 ROOT = Path(__file__).resolve().parents[1]
 

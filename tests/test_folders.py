@@ -15,26 +15,7 @@ from vit.inference import Classifier
 from vit.model import ViTConfig, VisionTransformer
 from vit.module import ViTClassifier
 from vit.preprocessing import Metadata
-
-
-def write_images(folder, n, colour, size=40, seed=0):
-    """n noisy images of one colour, PNG and JPEG, of varied sizes and modes."""
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    for i in range(n):
-        pixels = np.clip(np.array(colour)[None, None] + rng.normal(0, 25, (size + i, size + 2 * i, 3)), 0, 255)
-        image = Image.fromarray(pixels.astype(np.uint8))
-        (image if i % 3 else image.convert("L")).save(folder / (f"{i}.jpg" if i % 2 else f"{i}.png"))
-
-
-def write_bad_files(folder):
-    folder.mkdir(parents=True, exist_ok=True)
-    jpeg = folder / "whole.jpg"
-    Image.fromarray(np.random.default_rng(1).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(jpeg, quality=90)
-    (folder / "truncated.jpg").write_bytes(jpeg.read_bytes()[: jpeg.stat().st_size // 2])
-    jpeg.unlink()
-    (folder / "empty.png").write_bytes(b"")
-    (folder / "notes.png").write_text("not an image")
+from helpers import write_bad_files, write_images
 
 
 @pytest.fixture

@@ -11,7 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from test_classify import run_here
+from helpers import run_here
+
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -46,3 +46,12 @@ def test_readme_layout_names_files_that_exist():
     assert named and not missing, f"README's Layout names files that do not exist: {missing}"
     modules = {f.relative_to(ROOT).as_posix() for f in (ROOT / "vit").glob("*.py") if f.name != "__init__.py"}
     assert not modules - named, f"modules missing from README's Layout: {sorted(modules - named)}"
+
+
+def test_test_modules_share_through_helpers_only():
+    """tests/helpers.py holds what tests share; no test module imports another, nor conftest."""
+    crossing = sorted(f"{path.relative_to(ROOT)}: {node.module}" for path in (ROOT / "tests").rglob("*.py")
+                      for node in ast.walk(ast.parse(path.read_text()))
+                      if isinstance(node, ast.ImportFrom) and node.module
+                      and (node.module.startswith("test_") or node.module == "conftest"))
+    assert not crossing, crossing

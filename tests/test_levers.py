@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_train import TEST_LINE, load, train_here
+from helpers import TEST_LINE, load, train_here
+
 
 # 16 steps, 8 per epoch: 16 px for steps 0-3, 24 px for 4-11, 32 px for 12-15
 LEVERS = ["--model.optimizer", "muon", "--model.ema_decay", "0.9", "--model.arch.patch_drop", "0.25",

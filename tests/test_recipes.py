@@ -8,8 +8,8 @@ import pytest
 import torch
 import yaml
 
-from test_train import ROOT, TEST_LINE
 from vit import configs
+from helpers import ROOT, TEST_LINE
 
 HERE = ["smoke", "cpu", "vit_cifar10", "vit_tiny_cifar10", "finetune_cifar10"]
 
@@ -21,7 +21,7 @@ def test_every_recipe_is_run_by_a_test():
 @pytest.fixture(scope="module")
 def small_cifar(tmp_path_factory):
     """200 training and 50 test images: the finetune recipe tests a ViT-S at 224 px."""
-    from conftest import make_fake_cifar
+    from helpers import make_fake_cifar
 
     return make_fake_cifar(tmp_path_factory.mktemp("small") / "data", per_batch=40, test_size=50)
 

@@ -5,23 +5,10 @@ continues from its newest checkpoint (`--ckpt_path last`) to exactly the uninter
 import re
 
 import pytest
-import torch
 
-from test_folders import write_images
-from test_train import QUIET, TEST_LINE, load, train, train_here
+from helpers import (EVERY_STEP, QUIET, TEST_LINE, assert_same_training_state, load, train, train_here,
+                     write_images)
 
-EVERY_STEP = ["--step_checkpoint_minutes", "0.0001"]  # 6 ms: a step checkpoint after every step
-
-
-def assert_same_training_state(a: dict, b: dict) -> None:
-    assert a["global_step"] == b["global_step"] and a["epoch"] == b["epoch"]
-    for key, value in a["state_dict"].items():
-        torch.testing.assert_close(b["state_dict"][key], value, rtol=0, atol=0, msg=key)
-    (oa,), (ob,) = a["optimizer_states"], b["optimizer_states"]
-    for key, value in oa["state"].items():
-        for name, tensor in value.items():
-            torch.testing.assert_close(ob["state"][key][name], tensor, rtol=0, atol=0, msg=f"optimizer {key} {name}")
-    assert a["schedule"] == b["schedule"]
 
 
 def test_a_run_killed_mid_epoch_resumes_from_its_step_checkpoint_exactly(tmp_path, fake_cifar_session):

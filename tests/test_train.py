@@ -2,7 +2,6 @@
 offline), the other options through vit-train's main() in this process (`train_here`), which skips the 5-7 s
 of a subprocess's start-up and exit."""
 
-import hashlib
 import os
 import re
 import subprocess
@@ -12,60 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_folders import write_bad_files, write_images
+from helpers import (QUIET, ROOT, TEST_LINE, best_val_acc, digest, errors_of, load, train, train_here,
+                     write_bad_files, write_images)
 
-ROOT = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
-QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
-
-
-def train(cwd: Path, data: Path | None, *extra: str, timeout: int = 300, quiet: bool = True) -> subprocess.CompletedProcess:
-    """scripts/train.py with the smoke recipe; ``quiet``: progress bar and model summary off."""
-    env = {**os.environ, "PYTHONPATH": str(TESTS), "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
-    env.pop("WANDB_API_KEY", None)
-    env.pop("WANDB_MODE", None)
-    cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), *smoke_argv(data, extra, quiet)]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def smoke_argv(data: Path | None, extra: tuple[str, ...], quiet: bool) -> list[str]:
-    """vit-train's arguments for the smoke recipe on the generated data (``extra`` may start with ``test``)."""
-    data_args = ["--data.root", str(data), "--data.val_size", "100", "--data.num_workers", "0",
-                 "--data.batch_size", "50"] if data else []
-    mode, extra = (["test"], extra[1:]) if extra[:1] == ("test",) else ([], extra)
-    return [*mode, "--config", "smoke", *data_args, *(QUIET if quiet else []), *extra]
-
-
-def train_here(cwd: Path, data: Path | None, *extra: str, quiet: bool = True) -> int:
-    """vit-train's main() in this process, with ``train``'s arguments (W&B off): its exit status. Its output
-    is the test's ``capsys`` (error lines) and ``caplog`` (the rest)."""
-    from vit.commands.train import main
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("WANDB_MODE", "disabled")
-        patch.chdir(cwd)
-        return main(smoke_argv(data, extra, quiet))
-
-
-def errors_of(capsys) -> list[str]:
-    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-
-
-def load(path: Path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def best_val_acc(ckpt: dict) -> float:
-    """val/acc as computed by the run itself, from its best-checkpoint callback's state."""
-    (score,) = [cb["best_model_score"].item() for cb in ckpt["callbacks"].values() if cb.get("monitor") == "val/acc"]
-    return score
-
-
-def digest(folder: Path) -> dict:
-    return {p.relative_to(folder): hashlib.md5(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()}
-
-
-TEST_LINE = r"test on (\d+) images with (.*): top-1 ([\d.]+)%, top-5 ([\d.]+)%"
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from launch import DATA_ARGS, ROOT, in_terminal, max_abs_diff, user_env
-from test_train import TEST_LINE, best_val_acc, load
+from helpers import TEST_LINE, best_val_acc, load
 
 TRAIN = [str(ROOT / "scripts" / "train.py"), "--config", "smoke", *DATA_ARGS]
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from launch import DATA_ARGS, log, max_abs_diff, sbatch, wait
-from test_train import TEST_LINE, digest, load
+from helpers import TEST_LINE, digest, load
 
 SMOKE = ["--config", "smoke", *DATA_ARGS]
 

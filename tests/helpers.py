@@ -1,0 +1,139 @@
+"""What the tests share: small datasets written in CIFAR-10's official format and as class folders, the
+smoke recipe run as a user runs it (a subprocess) or through vit-train's main() in this process, and the
+checks of a run's outputs. Test modules import from here, never from each other."""
+
+import hashlib
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+EVERY_STEP = ["--step_checkpoint_minutes", "0.0001"]  # 6 ms: a step checkpoint after every step
+TEST_LINE = r"test on (\d+) images with (.*): top-1 ([\d.]+)%, top-5 ([\d.]+)%"
+
+
+def make_fake_cifar(root: Path, per_batch: int = 100, test_size: int = 200, seed: int = 0) -> Path:
+    """Write cifar-10-batches-py/ under root: a learnable task (each class has its own colour,
+    plus pixel noise), pickled exactly like the official files (dicts of bytes keys)."""
+    rng = np.random.default_rng(seed)
+    colours = rng.integers(30, 226, size=(10, 3))
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def batch(n, name):
+        labels = rng.integers(0, 10, size=n)
+        images = colours[labels][:, :, None, None] + rng.normal(0, 30, size=(n, 3, 32, 32))
+        data = np.clip(images, 0, 255).astype(np.uint8).reshape(n, 3072)
+        return {b"batch_label": name.encode(), b"labels": labels.tolist(), b"data": data,
+                b"filenames": [f"{name}_{i:05d}.png".encode() for i in range(n)]}
+
+    for i in range(1, 6):
+        with open(folder / f"data_batch_{i}", "wb") as f:
+            pickle.dump(batch(per_batch, f"training batch {i} of 5"), f, protocol=2)
+    with open(folder / "test_batch", "wb") as f:
+        pickle.dump(batch(test_size, "testing batch 1 of 1"), f, protocol=2)
+    with open(folder / "batches.meta", "wb") as f:
+        pickle.dump({b"label_names": [c.encode() for c in CLASSES], b"num_cases_per_batch": per_batch,
+                     b"num_vis": 3072}, f, protocol=2)
+    return root
+
+
+def train(cwd: Path, data: Path | None, *extra: str, timeout: int = 300, quiet: bool = True) -> subprocess.CompletedProcess:
+    """scripts/train.py with the smoke recipe; ``quiet``: progress bar and model summary off."""
+    env = {**os.environ, "PYTHONPATH": str(TESTS), "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
+    env.pop("WANDB_API_KEY", None)
+    env.pop("WANDB_MODE", None)
+    cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), *smoke_argv(data, extra, quiet)]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def smoke_argv(data: Path | None, extra: tuple[str, ...], quiet: bool) -> list[str]:
+    """vit-train's arguments for the smoke recipe on the generated data (``extra`` may start with ``test``)."""
+    data_args = ["--data.root", str(data), "--data.val_size", "100", "--data.num_workers", "0",
+                 "--data.batch_size", "50"] if data else []
+    mode, extra = (["test"], extra[1:]) if extra[:1] == ("test",) else ([], extra)
+    return [*mode, "--config", "smoke", *data_args, *(QUIET if quiet else []), *extra]
+
+
+def train_here(cwd: Path, data: Path | None, *extra: str, quiet: bool = True) -> int:
+    """vit-train's main() in this process, with ``train``'s arguments (W&B off): its exit status. Its output
+    is the test's ``capsys`` (error lines) and ``caplog`` (the rest)."""
+    from vit.commands.train import main
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WANDB_MODE", "disabled")
+        patch.chdir(cwd)
+        return main(smoke_argv(data, extra, quiet))
+
+
+def errors_of(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+
+
+def load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def best_val_acc(ckpt: dict) -> float:
+    """val/acc as computed by the run itself, from its best-checkpoint callback's state."""
+    (score,) = [cb["best_model_score"].item() for cb in ckpt["callbacks"].values() if cb.get("monitor") == "val/acc"]
+    return score
+
+
+def digest(folder: Path) -> dict:
+    return {p.relative_to(folder): hashlib.md5(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()}
+
+
+def write_images(folder, n, colour, size=40, seed=0):
+    """n noisy images of one colour, PNG and JPEG, of varied sizes and modes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        pixels = np.clip(np.array(colour)[None, None] + rng.normal(0, 25, (size + i, size + 2 * i, 3)), 0, 255)
+        image = Image.fromarray(pixels.astype(np.uint8))
+        (image if i % 3 else image.convert("L")).save(folder / (f"{i}.jpg" if i % 2 else f"{i}.png"))
+
+
+def write_bad_files(folder):
+    folder.mkdir(parents=True, exist_ok=True)
+    jpeg = folder / "whole.jpg"
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(jpeg, quality=90)
+    (folder / "truncated.jpg").write_bytes(jpeg.read_bytes()[: jpeg.stat().st_size // 2])
+    jpeg.unlink()
+    (folder / "empty.png").write_bytes(b"")
+    (folder / "notes.png").write_text("not an image")
+
+
+def run_here(script, *args):
+    """The same command's main() in this process (its options, without a subprocess's start-up):
+    an object with returncode, stdout and stderr, as ``run`` gives."""
+    import contextlib
+    import importlib
+    import io
+
+    main = importlib.import_module(f"vit.commands.{script.removesuffix('.py')}").main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in args])
+    return subprocess.CompletedProcess(script, code, out.getvalue(), err.getvalue())
+
+
+def assert_same_training_state(a: dict, b: dict) -> None:
+    assert a["global_step"] == b["global_step"] and a["epoch"] == b["epoch"]
+    for key, value in a["state_dict"].items():
+        torch.testing.assert_close(b["state_dict"][key], value, rtol=0, atol=0, msg=key)
+    (oa,), (ob,) = a["optimizer_states"], b["optimizer_states"]
+    for key, value in oa["state"].items():
+        for name, tensor in value.items():
+            torch.testing.assert_close(ob["state"][key][name], tensor, rtol=0, atol=0, msg=f"optimizer {key} {name}")
+    assert a["schedule"] == b["schedule"]
