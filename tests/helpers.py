@@ -16,36 +16,16 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
-CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 EVERY_STEP = ["--step_checkpoint_minutes", "0.0001"]  # 6 ms: a step checkpoint after every step
 TEST_LINE = r"test on (\d+) images with (.*): top-1 ([\d.]+)%, top-5 ([\d.]+)%"
 
 
 def make_fake_cifar(root: Path, per_batch: int = 100, test_size: int = 200, seed: int = 0) -> Path:
-    """Write cifar-10-batches-py/ under root: a learnable task (each class has its own colour,
-    plus pixel noise), pickled exactly like the official files (dicts of bytes keys)."""
-    rng = np.random.default_rng(seed)
-    colours = rng.integers(30, 226, size=(10, 3))
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True, exist_ok=True)
+    """cifar-10-batches-py/ under root, in the official format (vit.cifar.write_fake: a learnable task)."""
+    from vit.cifar import write_fake
 
-    def batch(n, name):
-        labels = rng.integers(0, 10, size=n)
-        images = colours[labels][:, :, None, None] + rng.normal(0, 30, size=(n, 3, 32, 32))
-        data = np.clip(images, 0, 255).astype(np.uint8).reshape(n, 3072)
-        return {b"batch_label": name.encode(), b"labels": labels.tolist(), b"data": data,
-                b"filenames": [f"{name}_{i:05d}.png".encode() for i in range(n)]}
-
-    for i in range(1, 6):
-        with open(folder / f"data_batch_{i}", "wb") as f:
-            pickle.dump(batch(per_batch, f"training batch {i} of 5"), f, protocol=2)
-    with open(folder / "test_batch", "wb") as f:
-        pickle.dump(batch(test_size, "testing batch 1 of 1"), f, protocol=2)
-    with open(folder / "batches.meta", "wb") as f:
-        pickle.dump({b"label_names": [c.encode() for c in CLASSES], b"num_cases_per_batch": per_batch,
-                     b"num_vis": 3072}, f, protocol=2)
-    return root
+    return write_fake(root, per_batch, test_size, seed)
 
 
 def train(cwd: Path, data: Path | None, *extra: str, timeout: int = 300, quiet: bool = True) -> subprocess.CompletedProcess:

@@ -14,14 +14,15 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
+from vit.cifar import CLASSES
 from vit.data import CIFAR10DataModule, DatasetError, augmentation, stratified_split
-from helpers import CLASSES, make_fake_cifar
+from helpers import make_fake_cifar
 
 
 def test_loads_official_format_with_stratified_seeded_split(fake_cifar):
     dm = CIFAR10DataModule(root=str(fake_cifar), val_size=100, num_workers=0, batch_size=32)
     dm.setup("fit")
-    assert dm.classes == CLASSES and dm.num_classes == 10
+    assert dm.classes == list(CLASSES) and dm.num_classes == 10
     assert len(dm.train_set) == 400 and len(dm.val_set) == 100
     assert not set(dm.train_set.indices.tolist()) & set(dm.val_set.indices.tolist())
     images, labels = next(iter(dm.train_dataloader()))
@@ -142,7 +143,7 @@ def test_download_verifies_md5_and_refetches_a_corrupt_archive(tmp_path, archive
     dm = CIFAR10DataModule(root=str(root), val_size=100, num_workers=0)
     dm.prepare_data()
     dm.setup("fit")
-    assert len(dm.train_set) == 400 and dm.classes == CLASSES
+    assert len(dm.train_set) == 400 and dm.classes == list(CLASSES)
     assert hashlib.md5((root / "cifar-10-python.tar.gz").read_bytes()).hexdigest() == md5
     # an archive whose md5 never matches is an error, not silently used
     shutil.rmtree(root / "cifar-10-batches-py")

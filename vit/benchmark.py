@@ -14,6 +14,7 @@ from contextlib import nullcontext
 
 import torch
 
+from vit.cifar import write_fake
 from vit.model import PRESETS, ViTConfig, VisionTransformer, flops_per_image
 
 
@@ -134,24 +135,6 @@ def format_table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
-
-
-def _fake_cifar(root, n: int) -> None:
-    import pickle
-
-    import numpy as np
-
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    for name in ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5", "test_batch"):
-        data = rng.integers(0, 256, (n // 5, 3072), dtype=np.uint8)
-        with open(folder / name, "wb") as f:
-            pickle.dump({"data": data, "labels": rng.integers(0, 10, n // 5).tolist()}, f)
-    with open(folder / "batches.meta", "wb") as f:
-        pickle.dump({"label_names": [f"c{i}" for i in range(10)]}, f)
-
-
 def _images_per_second(batches, device, limit: int) -> float:
     it = iter(batches)
     next(it)  # start workers / warm up
@@ -197,7 +180,7 @@ def bench_data(device: torch.device, batch_size: int, workers: int, n: int) -> d
             self.classes = [f"c{i}" for i in range(10)]
 
     with tempfile.TemporaryDirectory() as tmp:
-        _fake_cifar(Path(tmp), n)
+        write_fake(Path(tmp), n // 5, n // 5)
         dm = CIFAR10DataModule(root=tmp, batch_size=batch_size, val_size=10, num_workers=workers, download=False)
         dm.setup("fit")
         base = dm.train_set.dataset
@@ -330,7 +313,7 @@ def bench_checkpoint(device: torch.device, repeats: int, interval_minutes: float
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tmp = Path(tmp)
-        _fake_cifar(tmp, 256)
+        write_fake(tmp, 256 // 5, 256 // 5)
         for recipe, config in shapes.items():
             model = ViTClassifier(arch=config, optimizer="muon", ema_decay=0.999)
             dm = CIFAR10DataModule(root=str(tmp), batch_size=64, val_size=64, num_workers=0, download=False)

@@ -19,6 +19,7 @@ FOLDER = "cifar-10-batches-py"
 TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_FILE = "test_batch"
 META_FILE = "batches.meta"
+CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
 
 __all__ = ["DatasetError"]  # (vit.exits: the project's error types)
@@ -104,3 +105,42 @@ def download(root: Path, url: str = URL, md5: str = ARCHIVE_MD5) -> None:
         ) from None
     if not is_complete(folder):
         raise DatasetError(f"the downloaded archive did not contain {folder} with all batch files")
+
+
+def write_fake(root: Path, per_batch: int = 100, test_size: int = 200, seed: int = 0) -> Path:
+    """Write ``root/cifar-10-batches-py/`` with 5 × ``per_batch`` training and ``test_size`` test images: a
+    learnable task (each class has its own colour, plus pixel noise), pickled exactly like the official files
+    (dicts of bytes keys). The one writer of fake CIFAR-10: the tests, `make figures --quick` and the
+    benchmark's data section use it. Returns ``root``."""
+    rng = np.random.default_rng(seed)
+    colours = rng.integers(30, 226, size=(10, 3))
+    folder = Path(root) / FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, (name, n) in enumerate([*((f, per_batch) for f in TRAIN_FILES), (TEST_FILE, test_size)]):
+        labels = rng.integers(0, 10, size=n)
+        images = np.clip(colours[labels][:, :, None, None] + rng.normal(0, 30, size=(n, 3, 32, 32)), 0, 255)
+        title = f"training batch {i + 1} of 5" if name != TEST_FILE else "testing batch 1 of 1"
+        with open(folder / name, "wb") as f:
+            _Python2Pickler(f, protocol=2).dump({
+                b"batch_label": title.encode(), b"labels": labels.tolist(),
+                b"data": images.astype(np.uint8).reshape(n, 3072),
+                b"filenames": [f"{title}_{j:05d}.png".encode() for j in range(n)]})
+    with open(folder / META_FILE, "wb") as f:
+        _Python2Pickler(f, protocol=2).dump({b"label_names": [c.encode() for c in CLASSES],
+                                             b"num_cases_per_batch": per_batch, b"num_vis": 3072})
+    return Path(root)
+
+
+class _Python2Pickler(pickle._Pickler):
+    """Bytes as Python 2's ``str`` (SHORT_BINSTRING/BINSTRING), as the official files were pickled: they load
+    as bytes with ``encoding="bytes"`` (our reader) and as str with ``encoding="latin1"`` (torchvision's)."""
+
+    dispatch = pickle._Pickler.dispatch.copy()
+
+    def _save_bytes(self, obj: bytes) -> None:
+        n = len(obj)
+        self.write(pickle.SHORT_BINSTRING + bytes([n]) + obj if n < 256 else
+                   pickle.BINSTRING + n.to_bytes(4, "little") + obj)
+        self.memoize(obj)
+
+    dispatch[bytes] = _save_bytes

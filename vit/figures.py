@@ -177,25 +177,9 @@ class Runner:
 
 def make_quick_data(root: Path) -> Path:
     """A small CIFAR-10 in the official format (a learnable task: each class has its colour), for --quick."""
-    import pickle
+    from vit.cifar import write_fake
 
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    colours = rng.integers(30, 226, size=(10, 3))
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True, exist_ok=True)
-    names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-    for name, n in [*((f"data_batch_{i}", 100) for i in range(1, 6)), ("test_batch", 200)]:
-        labels = rng.integers(0, 10, size=n)
-        images = np.clip(colours[labels][:, :, None, None] + rng.normal(0, 30, (n, 3, 32, 32)), 0, 255)
-        with open(folder / name, "wb") as f:
-            pickle.dump({b"batch_label": name.encode(), b"labels": labels.tolist(), b"filenames":
-                         [f"{name}_{i:05d}.png".encode() for i in range(n)],
-                         b"data": images.astype(np.uint8).reshape(n, 3072)}, f, protocol=2)
-    with open(folder / "batches.meta", "wb") as f:
-        pickle.dump({b"label_names": [c.encode() for c in names], b"num_cases_per_batch": 100, b"num_vis": 3072}, f)
-    return root
+    return write_fake(root)
 
 
 def measure(plans: list[str], runner: Runner) -> bool:

@@ -19,6 +19,9 @@ PRIVATE_USES = (
      "deletes an existing file (its _check_log_dir_exists, overridden) and has no option to keep it"),
     ("vit/data.py", "lightning.pytorch.overrides.distributed", "UnrepeatedDistributedSampler: under DDP each "
      "validation and test image counts once (no padding); Lightning's own sampler, in a module it does not document"),
+    ("vit/cifar.py", "_Pickler", "write_fake pickles bytes as Python 2's str, as the official CIFAR-10 files are "
+     "(so that our reader and torchvision's both read them); only the pure-Python pickler lets a type's "
+     "opcode be chosen (its dispatch table), the C pickler has no such hook"),
     ("vit/benchmark.py", "_check_integrity", "the benchmark's torchvision CIFAR10 reads generated files whose md5s "
      "are not the official ones (with _load_meta, overridden); benchmark only"),
 )
