@@ -4,7 +4,6 @@ checks of a run's outputs. Test modules import from here, never from each other.
 
 import hashlib
 import os
-import pickle
 import subprocess
 import sys
 from pathlib import Path

@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 import torch
 
+from vit.seeding import epoch_seed
+
 
 def _reflect(index: torch.Tensor, size: int) -> torch.Tensor:
     """Reflect out-of-range indices as reflect padding does (the edge pixel is not repeated)."""
@@ -74,14 +76,14 @@ class DeviceBatches:
         epoch, start = self.position(len(self))
         # one order for all ranks (seed, epoch); the global batch's augmentation draws (seed, epoch, step)
         order = torch.randperm(len(self.labels), device=device,
-                               generator=torch.Generator(device=device).manual_seed(self.seed * 1_000_003 + epoch))
+                               generator=torch.Generator(device=device).manual_seed(epoch_seed(self.seed, epoch)))
         shard = order[self.rank :: self.world_size]
         g = torch.Generator(device=device)
         for i in range(start, len(self)):
             idx = shard[i * self.batch_size : (i + 1) * self.batch_size]
             images = self.images[idx]
             if self.padding > 0 or self.hflip:
-                g.manual_seed((self.seed * 1_000_003 + epoch) * 100_003 + i)
+                g.manual_seed(epoch_seed(self.seed, epoch) * 100_003 + i)
                 draws = crop_flip_draws(len(idx) * self.world_size, self.padding, self.hflip, device, g)
                 images = crop_flip(images, *(d[self.rank :: self.world_size] for d in draws), self.padding)
             yield images, self.labels[idx]

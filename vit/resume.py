@@ -21,7 +21,6 @@ asks for the run's length), so the position is the datamodule's state, restored 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 
 import lightning as L
 import numpy as np
@@ -30,10 +29,12 @@ from lightning.pytorch.utilities import rank_zero_info
 import torch
 from torch.utils.data import Dataset, DistributedSampler
 
+from vit.seeding import epoch_seed
+
 
 def sample_seed(seed: int, epoch: int, position: int) -> int:
     """The seed of the augmentation of the sample at ``position`` of epoch ``epoch``'s order."""
-    return ((seed * 1_000_003 + epoch) * 2_654_435_761 + position) % 2**63
+    return (epoch_seed(seed, epoch) * 2_654_435_761 + position) % 2**63
 
 
 def consumed_batches(trainer) -> int:
@@ -85,7 +86,7 @@ class EpochOrder(DistributedSampler):
 
     def __iter__(self):
         epoch, start = self.position.begin(len(self) // self.batch_size)
-        order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch))
+        order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(epoch_seed(self.seed, epoch)))
         order = order.tolist()  # (plain ints: no tensor indexing per image)
         for i in range(start * self.batch_size, len(self)):
             position = self.rank + self.num_replicas * i

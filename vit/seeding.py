@@ -8,6 +8,13 @@ import os
 import lightning as L
 
 
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of epoch ``epoch``'s order and per-sample draws of a run seeded ``seed``: one formula for the
+    data order (vit.resume.EpochOrder, vit.device_data.DeviceBatches) and each sample's augmentation
+    (vit.resume.sample_seed), so that they stay in step."""
+    return seed * 1_000_003 + epoch
+
+
 class EpochSeed(L.Callback):
     """Seed every RNG from (run seed, epoch, rank) right before each epoch's train iterator is made,
     so the shuffle, the workers' augmentations, dropout and Mixup/CutMix of an epoch depend only on
