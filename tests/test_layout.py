@@ -55,3 +55,25 @@ def test_test_modules_share_through_helpers_only():
                       if isinstance(node, ast.ImportFrom) and node.module
                       and (node.module.startswith("test_") or node.module == "conftest"))
     assert not crossing, crossing
+
+
+def test_importing_the_package_leaves_global_state_alone():
+    """Warning filters, logging filters and PIL's settings are the program's: the commands set what they need
+    when they run (vit.commands.train.quiet_third_party), no module of the package does on import."""
+    import subprocess
+    import sys
+
+    modules = sorted(MODULES)
+    code = ("import logging, warnings, PIL.Image as I, PIL.ImageFile as F\n"
+            "import lightning, timm, torchvision, matplotlib, jsonargparse, torchmetrics, safetensors\n"
+            "state = lambda: (len(warnings.filters), I.MAX_IMAGE_PIXELS, F.LOAD_TRUNCATED_IMAGES, sorted(\n"
+            "    (n, len(l.filters)) for n, l in logging.Logger.manager.loggerDict.items() if isinstance(l, logging.Logger)))\n"
+            "I.MAX_IMAGE_PIXELS, before = 1234, None\n"
+            "before = state()\n"
+            f"for m in {modules!r}:\n"
+            "    __import__(m)\n"
+            "after = state()\n"
+            "assert after[:3] == before[:3] and {n: k for n, k in after[3] if k} == {n: k for n, k in before[3] if k}, "
+            "(before[:3], after[:3])\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]

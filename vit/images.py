@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageFile, ImageOps
+from PIL import Image, ImageOps
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
-Image.MAX_IMAGE_PIXELS = 89_478_485  # PIL's default: larger is refused as a decompression bomb
-ImageFile.LOAD_TRUNCATED_IMAGES = False
+MAX_PIXELS = 89_478_485  # PIL's default limit: a larger image is refused as a decompression bomb (PIL's
+# own settings, Image.MAX_IMAGE_PIXELS and ImageFile.LOAD_TRUNCATED_IMAGES, are left as the program has them)
 
 
 class ImageError(ValueError):
@@ -34,6 +34,9 @@ def _open(path: str | Path):
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)  # over MAX_IMAGE_PIXELS: refuse
             with Image.open(path) as im:
+                if im.width * im.height > MAX_PIXELS:  # (the header only has been read)
+                    raise Image.DecompressionBombError(f"{im.width}×{im.height} = {im.width * im.height:,} pixels, "
+                                                       f"over the limit of {MAX_PIXELS:,}")
                 yield im
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise ImageError(f"refused as a decompression bomb ({e})") from None

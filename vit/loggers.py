@@ -15,7 +15,7 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_info
 
 
-class _NoNoise(logging.Filter):
+class NoNoise(logging.Filter):
     """Drop Lightning's advertisement printed by every Trainer ("💡 Tip: ... litlogger ...") and its note
     on how it counts the steps of the schedule, which say nothing a user can act on."""
 
@@ -26,7 +26,11 @@ class _NoNoise(logging.Filter):
         return not str(record.msg).startswith(self.NOISE)
 
 
-logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoNoise())
+def quiet_lightning() -> None:
+    """Drop Lightning's noise from its rank-zero log (NoNoise); the training command calls it, not the import."""
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, NoNoise) for f in logger.filters):
+        logger.addFilter(NoNoise())
 
 
 def wandb_credentials_present() -> bool:

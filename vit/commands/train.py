@@ -39,20 +39,23 @@ from vit.seeding import EpochSeed
 from vit.checkpoint_io import AtomicCheckpointIO
 from vit.checkpoints import read_checkpoint
 from vit.exits import CheckpointError, ConfigError, Stopped
-from vit.loggers import WandbLogger
+from vit.loggers import WandbLogger, quiet_lightning
 from vit.module import ViTClassifier
 
 MODES = ("fit", "test")
 
-# Third-party noise every run printed, filtered narrowly (message and module).
-warnings.filterwarnings("ignore", message=r".*`isinstance\(treespec, LeafSpec\)` is deprecated", module="lightning")
-warnings.filterwarnings("ignore", message=r".*pkg_resources is deprecated", category=UserWarning)
-warnings.filterwarnings("ignore", message=r".*when using `ckpt_path`, callbacks used to create the checkpoint")
-warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty", module="lightning")  # a resume
-warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system but is not used")  # a login node
-warnings.filterwarnings("ignore", message=r"Encountered `nan` values in tensor", module="torchmetrics")  # exit 3 says it
-# vit.resume restores the train loader's position itself (Lightning restores stateful loaders too late for us)
-warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
+def quiet_third_party() -> None:
+    """Third-party noise every run printed, filtered narrowly (message and module); set by the command when it
+    runs, never by an import."""
+    warnings.filterwarnings("ignore", message=r".*`isinstance\(treespec, LeafSpec\)` is deprecated", module="lightning")
+    warnings.filterwarnings("ignore", message=r".*pkg_resources is deprecated", category=UserWarning)
+    warnings.filterwarnings("ignore", message=r".*when using `ckpt_path`, callbacks used to create the checkpoint")
+    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty", module="lightning")  # a resume
+    warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system but is not used")  # a login node
+    warnings.filterwarnings("ignore", message=r"Encountered `nan` values in tensor", module="torchmetrics")  # exit 3 says it
+    # vit.resume restores the train loader's position itself (Lightning restores stateful loaders too late for us)
+    warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
+    quiet_lightning()
 
 
 class HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -389,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     mode = argv.pop(0) if argv and argv[0] in MODES else "fit"
+    quiet_third_party()
     claimed: list[Path] = []  # a run folder this process created
     inherited = runs.ENV in os.environ  # set by the process that launched this one (DDP)
     code = 1  # a bug, unless the run ends otherwise below
