@@ -77,3 +77,10 @@ def test_importing_the_package_leaves_global_state_alone():
             "(before[:3], after[:3])\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_the_library_never_imports_a_command():
+    """Commands (vit/commands/) sit on the library; no library module imports one (no import runs back up)."""
+    upward = sorted(f"{name} imports {m}" for name, path in MODULES.items() if not name.startswith("vit.commands")
+                    for m in imports(path) if m.startswith("vit.commands"))
+    assert not upward, upward

@@ -259,16 +259,17 @@ def _checkpoint(path, config: ViTConfig) -> None:
 
 
 def bench_classify(n: int, workers: int) -> dict:
-    """vit-classify on ``n`` generated photos of mixed sizes (64–640 px, JPEG and PNG), images/s of the whole
-    command run in this process (start-up excluded): decoding in ``workers`` DataLoader processes vs in the
-    main process. The model is the cpu recipe's (D=64, L=4), so decoding is what the workers share."""
+    """vit-classify's work on ``n`` generated photos of mixed sizes (64–640 px, JPEG and PNG), images/s
+    (vit.inference.classify_files, batch 64, top 3; start-up and the checkpoint's loading excluded): decoding
+    in ``workers`` DataLoader processes vs in the main process. The model is the cpu recipe's (D=64, L=4), so decoding is what the workers share."""
     import tempfile
     from pathlib import Path
 
     import numpy as np
     from PIL import Image
 
-    from vit.commands.classify import main as classify
+    from vit.images import find_images
+    from vit.inference import classify_files, load_classifier
 
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -282,11 +283,10 @@ def bench_classify(n: int, workers: int) -> dict:
         ckpt = tmp / "model.ckpt"
         _checkpoint(ckpt, ViTConfig(dim=64, depth=4, heads=4, mlp_ratio=2.0))
         row = {"images": n, "workers": workers}
+        clf = load_classifier(ckpt)
         for name, w in (("one_process", 0), ("workers", workers)):
-            argv = ["--checkpoint", str(ckpt), str(tmp / "images"), "--workers", str(w), "--output",
-                    str(tmp / "out.csv"), "--device", "cpu"]
             start = time.perf_counter()
-            classify(argv)
+            classify_files(clf, find_images([tmp / "images"]), 3, 64, w)  # what vit-classify does with them
             row[f"img_s_{name}"] = n / (time.perf_counter() - start)
     row["ratio"] = row["img_s_workers"] / row["img_s_one_process"]
     return row

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import torch
 
+from torch.utils.data import DataLoader, Dataset
+
 from vit.checkpoints import CheckpointError, read_checkpoint
+from vit.images import ImageError, load_image
 from vit.model import VisionTransformer
 from vit.preprocessing import Metadata, resize
 
@@ -100,3 +103,56 @@ def _load_export(path: Path) -> Classifier:
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
     return _build(meta, state, str(path))
+
+
+class ImageFiles(Dataset):
+    """(index, uint8 3×S×S image or None, error) per file: a bad file is an entry, never an exception."""
+
+    def __init__(self, paths: list[Path], size: int):
+        self.paths, self.size = paths, size
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        try:
+            return i, resize(load_image(self.paths[i]), self.size), None
+        except ImageError as e:
+            return i, None, str(e)
+
+
+def _collate(samples):
+    good = [(i, image) for i, image, _ in samples if image is not None]
+    return ([i for i, _ in good], torch.stack([image for _, image in good]) if good else None,
+            [(i, error) for i, image, error in samples if image is None])
+
+
+def classify_files(clf: Classifier, paths: list[Path], top_k: int, batch_size: int = 64, workers: int = 0,
+                   progress=None) -> list[dict]:
+    """Per file, in the input order: ``{"image": path, "predictions": [{"label", "probability"}, ...]}`` (the
+    top ``top_k``, probabilities rounded to 4 places), or ``{"image": path, "error": why}`` for a file that
+    cannot be read. Files are decoded and resized in ``workers`` DataLoader processes (0: this one) and
+    classified in batches; with a worker on every core the model keeps one thread (restored after), so that
+    they do not fight. ``progress(done, errors)`` is called after each batch."""
+    import os
+
+    results = [{"image": str(p)} for p in paths]
+    threads = torch.get_num_threads()
+    if workers >= (os.cpu_count() or 1):
+        torch.set_num_threads(1)
+    try:
+        loader = DataLoader(ImageFiles(paths, clf.meta.config.image_size), batch_size=batch_size,
+                            num_workers=workers, collate_fn=_collate)
+        for indices, images, errors in loader:
+            for i, error in errors:
+                results[i]["error"] = error
+            if images is not None:
+                top_p, top_i = clf.probabilities(images).topk(top_k, dim=-1)
+                for i, ps, idx in zip(indices, top_p.tolist(), top_i.tolist()):
+                    results[i]["predictions"] = [{"label": clf.class_names[c], "probability": round(p, 4)}
+                                                 for p, c in zip(ps, idx)]
+            if progress is not None:
+                progress(len(indices) + len(errors), errors)
+    finally:
+        torch.set_num_threads(threads)
+    return results

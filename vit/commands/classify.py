@@ -17,12 +17,10 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, Dataset
 
 from vit.checkpoints import CheckpointError
-from vit.images import ImageError, find_images, load_image
-from vit.inference import add_checkpoint_argument, load_classifier
-from vit.preprocessing import resize
+from vit.images import find_images
+from vit.inference import add_checkpoint_argument, classify_files, load_classifier
 
 SCREENFUL = 40
 
@@ -45,28 +43,6 @@ def parse_args(argv):
     if args.output and args.output.suffix not in (".csv", ".json"):
         p.error("--output must end in .csv or .json")
     return args
-
-
-class ImageFiles(Dataset):
-    """(index, uint8 3×S×S image or None, error) per file: a bad file is an entry, never an exception."""
-
-    def __init__(self, paths: list[Path], size: int):
-        self.paths, self.size = paths, size
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, i):
-        try:
-            return i, resize(load_image(self.paths[i]), self.size), None
-        except ImageError as e:
-            return i, None, str(e)
-
-
-def collate(samples):
-    good = [(i, image) for i, image, _ in samples if image is not None]
-    return ([i for i, _ in good], torch.stack([image for _, image in good]) if good else None,
-            [(i, error) for i, image, error in samples if image is None])
 
 
 def write_output(path: Path, results: list[dict], k: int) -> None:
@@ -96,26 +72,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     k = min(args.top_k, len(clf.class_names))
     paths = find_images(args.images)
-    results = [{"image": str(p)} for p in paths]
     workers = args.workers if len(paths) > args.batch_size else 0  # a few images: no processes to start
-    if workers >= (os.cpu_count() or 1):
-        torch.set_num_threads(1)  # the cores decode; one thread for the model keeps them from fighting
-    loader = DataLoader(ImageFiles(paths, clf.meta.config.image_size), batch_size=args.batch_size,
-                        num_workers=workers, collate_fn=collate)
     from tqdm import tqdm
 
     with tqdm(total=len(paths), unit="img", disable=len(paths) <= SCREENFUL, file=sys.stderr) as bar:
-        for indices, images, errors in loader:
-            for i, error in errors:
-                results[i]["error"] = error
-                if not args.json:
-                    bar.write(f"{paths[i]}: error: {error}", file=sys.stderr)
-            if images is not None:
-                top_p, top_i = clf.probabilities(images).topk(k, dim=-1)
-                for i, ps, idx in zip(indices, top_p.tolist(), top_i.tolist()):
-                    results[i]["predictions"] = [{"label": clf.class_names[c], "probability": round(p, 4)}
-                                                 for p, c in zip(ps, idx)]
-            bar.update(len(indices) + len(errors))
+        def progress(done: int, errors: list[tuple[int, str]]) -> None:
+            for i, error in errors if not args.json else []:
+                bar.write(f"{paths[i]}: error: {error}", file=sys.stderr)
+            bar.update(done)
+
+        results = classify_files(clf, paths, k, args.batch_size, workers, progress)
 
     if args.json:
         print(json.dumps(results, indent=2))
