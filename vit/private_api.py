@@ -17,6 +17,16 @@ PRIVATE_USES = (
      "appending writer there, as Lightning's own property does"),
     ("vit/loggers.py", "_fs", "CSVLogger appends to a resumed run's metrics.csv: Lightning's ExperimentWriter "
      "deletes an existing file (its _check_log_dir_exists, overridden) and has no option to keep it"),
+    ("vit/resume.py", "fit_loop.epoch_loop.batch_progress", "exact mid-epoch resume needs the batches the training "
+     "loop has finished in the current epoch (its batch_progress counters); Lightning keeps them in its loops, "
+     "which it documents as internals, with no public accessor"),
+    ("vit/module.py", "fit_loop.setup_data", "configure_optimizers needs num_training_batches of an open-ended run "
+     "(a time budget) to lay warmup in epochs; Lightning computes it in the fit loop's setup_data, which it "
+     "calls only after configure_optimizers in that case"),
+    ("vit/progress.py", "ModelSummary.summarize", "the model summary adds the notes' FLOPs per image under "
+     "Lightning's table: ModelSummary.summarize is the callback's own (undocumented) printing step"),
+    ("vit/cifar.py", "numpy._core.multiarray", "the restricted unpickler of CIFAR-10's files allows numpy's array "
+     "constructor under the module name numpy 2 pickles it with (numpy.core in numpy 1)"),
     ("vit/data.py", "lightning.pytorch.overrides.distributed", "UnrepeatedDistributedSampler: under DDP each "
      "validation and test image counts once (no padding); Lightning's own sampler, in a module it does not document"),
     ("vit/cifar.py", "_Pickler", "write_fake pickles bytes as Python 2's str, as the official CIFAR-10 files are "
