@@ -66,6 +66,16 @@ def _pairs(minutes: int, seed: int, adamw_core: int) -> Step:
     return Step((runs["adamw"], runs["muon"]) if adamw_core == 0 else (runs["muon"], runs["adamw"]))
 
 
+LEVERS = {"sincos E_pos": ("--model.pos_init", "sincos"), "linear decay": ("--model.decay", "linear"),
+          "flip TTA": ("--model.tta_flip", "true")}
+
+
+def _lever_run(name: str, label: str, levers: tuple[str, ...], seed: int) -> Run:
+    args = tuple(a for lever in levers for a in LEVERS[lever])
+    return Run("cpu-levers", f"{name}-s{seed}", f"{label}, seed {seed}", ("--config", "cpu", "--seed_everything",
+                                                                          str(seed), *args))
+
+
 PLANS: dict[str, list[Step]] = {
     # make figures on a machine without a GPU
     "cpu": [Step((Run("cpu", "01-smoke", "smoke recipe", ("--config", "smoke")),)),
@@ -81,6 +91,11 @@ PLANS: dict[str, list[Step]] = {
                             ("--sections", "model,step", "--compile")),))],
     # AdamW against Muon at the cpu recipe's shape over a short and a 3× longer budget, both at once
     "muon-horizon": [_pairs(10, 0, 0), _pairs(30, 0, 1), _pairs(10, 1, 1)],
+    # the cpu recipe against it with three free levers (issue: accuracy per second, round 2), pinned in pairs
+    "cpu-levers": [Step((_lever_run("cpu", "cpu recipe", (), 0), _lever_run("all3", "+ all three", tuple(LEVERS), 0))),
+                   Step((_lever_run("all3", "+ all three", tuple(LEVERS), 1), _lever_run("cpu", "cpu recipe", (), 1))),
+                   Step((_lever_run("sincos", "+ sincos E_pos", ("sincos E_pos",), 0),
+                         _lever_run("linear", "+ linear decay", ("linear decay",), 0)))],
 }
 
 # --quick: every step of every plan at toy scale on CPU, on generated data

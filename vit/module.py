@@ -47,6 +47,9 @@ class ViTClassifier(L.LightningModule):
         std: tuple[float, ...] | None = None,
         pretrained: str | None = None,
         compile: bool = False,
+        pos_init: Literal["normal", "sincos"] = "normal",
+        decay: Literal["cosine", "linear"] = "cosine",
+        tta_flip: bool = False,
     ):
         """
         Args:
@@ -87,6 +90,12 @@ class ViTClassifier(L.LightningModule):
             pretrained: start from timm ViT weights: a timm model name, hf-hub:USER/REPO, local-dir:DIR, or a
                 .pth/.safetensors file (loaded when fit starts, never when a checkpoint is loaded).
             compile: torch.compile the model when fit starts.
+            pos_init: E_pos's initial values: "normal" (timm's truncated normal, std 0.02) or "sincos", the 2-D
+                sine-cosine embedding of Beyer et al. 2022 ("Better plain ViT baselines"); E_pos stays learnable.
+            decay: the learning rate after warmup: "cosine" to min_lr, or "linear" to min_lr (reported the most
+                robust under a time budget: Li et al., "Budgeted training", ICLR 2020); either over the run's
+                steps or its time budget (vit.schedule).
+            tta_flip: evaluate (validation, test) on each image and its mirror image, averaging the logits.
         """
         super().__init__()
         arch = ViTConfig(**arch) if isinstance(arch, dict) else arch  # a checkpoint stores it as a dict
@@ -99,6 +108,13 @@ class ViTClassifier(L.LightningModule):
         self.hparams.update(mean=tuple(mean), std=tuple(std))
         self.hparams["arch"] = asdict(arch)  # plain types: checkpoints load with weights_only=True
         self.model = VisionTransformer(arch)
+        if pos_init == "sincos":
+            from timm.layers import build_sincos2d_pos_embed
+
+            grid = arch.image_size // arch.patch_size
+            with torch.no_grad():
+                self.model.pos_embedding[0, 0].zero_()  # [cls]
+                self.model.pos_embedding[0, 1:] = build_sincos2d_pos_embed([grid, grid], arch.dim)
         self.ema = None
         if ema_decay is not None:
             from timm.utils import ModelEmaV3
@@ -145,8 +161,12 @@ class ViTClassifier(L.LightningModule):
         return self.ema.module if self.ema is not None else self.model
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 images → logits of the evaluated weights, normalised as the checkpoint says (vit.preprocessing)."""
-        return self.eval_model(self.normalize(images))
+        """uint8 images → logits of the evaluated weights, normalised as the checkpoint says (vit.preprocessing);
+        with tta_flip, the mean of the image's and its mirror image's logits."""
+        x = self.normalize(images)
+        if self.hparams.get("tta_flip"):
+            return (self.eval_model(x) + self.eval_model(x.flip(-1))) / 2
+        return self.eval_model(x)
 
     @property
     def flops_per_batch(self) -> int:
@@ -229,7 +249,7 @@ class ViTClassifier(L.LightningModule):
         or — when ``--trainer.max_time`` is set — the time budget, whichever ends the run first, so a
         run cut off by the clock still ends at ``min_lr``."""
         from timm.optim import create_optimizer_v2
-        from timm.scheduler import CosineLRScheduler
+        from timm.scheduler import CosineLRScheduler, PolyLRScheduler
 
         hp, trainer = self.hparams, self.trainer
         global_batch = trainer.datamodule.batch_size * trainer.accumulate_grad_batches
@@ -251,7 +271,7 @@ class ViTClassifier(L.LightningModule):
             length = f"{length} or " * bool(length) + f"{clock[1]:.0f} s of training, whichever comes first"
         split = f" = {trainer.world_size} processes × {trainer.datamodule.process_batch()}" * (trainer.world_size > 1)
         rank_zero_info(f"global batch {global_batch}{split}: lr {hp.lr:g} × {global_batch}/{hp.lr_batch_size} = {lr:g}; "
-                       f"{warmup} warmup steps, then cosine to {hp.min_lr:g} at {length}")
+                       f"{warmup} warmup steps, then {hp.get('decay', 'cosine')} to {hp.min_lr:g} at {length}")
         if hp.optimizer == "muon":
             from timm.optim import Muon
 
@@ -262,9 +282,10 @@ class ViTClassifier(L.LightningModule):
             fused = self.device.type == "cuda"
             optimizer = create_optimizer_v2(self.model, "adamw", lr=lr, weight_decay=hp.weight_decay,
                                             betas=tuple(hp.betas), **({"fused": True} if fused else {}))
-        scheduler = CosineLRScheduler(optimizer, t_initial=max(self.schedule.cosine_steps, 1), lr_min=hp.min_lr,
-                                      warmup_t=warmup, warmup_lr_init=lr * 1e-3 if warmup else lr,
-                                      warmup_prefix=True, t_in_epochs=False)
+        shape = {"power": 1.0} if hp.get("decay") == "linear" else {}
+        scheduler = (PolyLRScheduler if shape else CosineLRScheduler)(
+            optimizer, t_initial=max(self.schedule.cosine_steps, 1), lr_min=hp.min_lr, warmup_t=warmup,
+            warmup_lr_init=lr * 1e-3 if warmup else lr, warmup_prefix=True, t_in_epochs=False, **shape)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def param_groups(self, lr: float, muon_lr: float) -> list[dict]:

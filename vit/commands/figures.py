@@ -3,6 +3,7 @@ keep their records in results/, and render README's tables from them.
 
     make figures                                    this machine's plan (cpu, or gpu where CUDA is), then README
     make figures ARGS="--plan muon-horizon"         AdamW against Muon at 10 and 30 minutes (2 CPU cores)
+    make figures ARGS="--plan cpu-levers"           the cpu recipe against sincos E_pos, linear decay, flip TTA
     make figures ARGS="--quick"                     every step of every plan at toy scale on CPU (a test runs it)
     make figures ARGS="--render"                    only re-render README from results/
     make figures ARGS="--check"                     exit 1 if README's tables differ from results/
@@ -23,7 +24,7 @@ from pathlib import Path
 
 parser = argparse.ArgumentParser(prog="vit-figures", description=__doc__.split("\n\n")[0],
                                  epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-parser.add_argument("--plan", action="append", help="cpu, gpu or muon-horizon (default: gpu with CUDA, else cpu; "
+parser.add_argument("--plan", action="append", help="cpu, gpu, muon-horizon or cpu-levers (default: gpu with CUDA, else cpu; "
                                                     "--quick: all); may be given several times")
 parser.add_argument("--data-root", type=Path, default=Path("data"),
                     help="the folder holding cifar-10-batches-py/ (downloaded there when missing)")
