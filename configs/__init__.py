@@ -3,6 +3,7 @@ by name from any directory: ``vit-train --config smoke``."""
 
 from __future__ import annotations
 
+import os
 from importlib.resources import files
 from pathlib import Path
 
@@ -27,3 +28,20 @@ def path(name: str) -> Path:
 
         raise ConfigError(f"--config {name}: neither a file nor a recipe name ({', '.join(names())})")
     return found
+
+
+def named_recipes(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--config", "-c")] + \
+        [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+
+
+def recipe_name(argv: list[str]) -> str:
+    """The last recipe named on the command line (it names the run root), else the default's."""
+    named = named_recipes(argv)
+    return Path(named[-1]).name.removesuffix(".yaml") if named else DEFAULT if gpu_present() else CPU
+
+
+def gpu_present() -> bool:
+    import torch
+
+    return torch.cuda.is_available() or os.environ.get("VIT_ASSUME_GPU") == "1"

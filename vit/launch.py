@@ -87,3 +87,23 @@ def join_torchrun_group(device_type: str, timeout_seconds: float) -> None:
     store = dist.PrefixStore(f"vit/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", agent)
     dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
                             timeout=timeout)
+
+
+def apply_allocation(trainer) -> None:
+    """Under SLURM or torchrun the processes exist already: devices and nodes are the allocation's,
+    whatever the recipe says (one line says what it overrode)."""
+    allocated = allocation()
+    if allocated is None:
+        return
+    from lightning.pytorch.utilities import rank_zero_info
+
+    devices, nodes = allocated
+    overridden = [f"{key} {getattr(trainer, key)}" for key, value in (("devices", devices), ("num_nodes", nodes))
+                  if str(getattr(trainer, key)) != str(value)]
+    trainer.devices, trainer.num_nodes = devices, nodes
+    if devices * nodes > 1 and trainer.strategy == "auto":
+        trainer.strategy = "ddp"
+    job = slurm_job()
+    launcher = f"SLURM job {job}" if job else f"torchrun {torchrun_id()}"
+    rank_zero_info(f"{launcher}: {devices} process(es) per node on {nodes} node(s)"
+                   + (f" (the allocation's; the recipe's {' and '.join(overridden)} overridden)" if overridden else ""))

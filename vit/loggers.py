@@ -7,6 +7,7 @@ import csv
 import logging
 import netrc
 import os
+import sys
 
 from lightning.pytorch.loggers import CSVLogger as _LightningCSVLogger
 from lightning.pytorch.loggers import WandbLogger as _LightningWandbLogger
@@ -104,3 +105,13 @@ class CSVLogger(_LightningCSVLogger):
             self._fs.makedirs(self.root_dir, exist_ok=True)
             self._experiment = _AppendingWriter(log_dir=self.log_dir)
         return self._experiment
+
+
+def end_wandb_run(code: int) -> None:
+    """End the W&B run here rather than in wandb's exit hook, whose closing lines reach a log file with
+    terminal colour codes; wandb.finish() writes them plainly when the output is not a terminal."""
+    if "wandb" in sys.modules:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish(exit_code=code)

@@ -137,3 +137,23 @@ def resolve(root: Path, ckpt_path: str | None, name: str | None) -> tuple[Path, 
         return claim_new_version(root), None, None, \
             f"--ckpt_path last: no run under {root} has a checkpoint yet; starting a new run"
     return claim_new_version(root), None, None, None
+
+
+def place_outputs(cfg, run: Path, known_wandb_id: str | None) -> None:
+    """Point the Trainer, every logger and every checkpoint callback without a folder at ``run``; W&B
+    logs to the run folder's own W&B run (vit.runs.wandb_id), whichever attempt this is."""
+    cfg.trainer.default_root_dir = str(run)
+    loggers = cfg.trainer.logger
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        if not hasattr(logger, "init_args"):
+            continue
+        init = logger.init_args
+        init.save_dir = str(run)
+        if logger.class_path.startswith("lightning.") and logger.class_path.endswith(("CSVLogger", "TensorBoardLogger")):
+            init.name, init.version = "", ""  # metrics straight into the run folder
+        elif logger.class_path.endswith("WandbLogger"):
+            init.name = init.get("name") or f"{run.parent.name}/{run.name}"
+            init.id = init.get("id") or wandb_id(run, known_wandb_id)
+    for callback in cfg.trainer.callbacks or []:
+        if callback.class_path.endswith("ModelCheckpoint") and not callback.init_args.get("dirpath"):
+            callback.init_args.dirpath = str(run / CHECKPOINTS)

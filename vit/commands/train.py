@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 import lightning as L
-from jsonargparse import ActionConfigFile, ArgumentError, DefaultHelpFormatter, Namespace
+from jsonargparse import ActionConfigFile, ArgumentError, DefaultHelpFormatter
 from jsonargparse.typing import PositiveFloat, PositiveInt
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.callbacks import ModelSummary as LightningModelSummary
@@ -30,7 +30,7 @@ from lightning.pytorch.plugins.environments import LightningEnvironment, SLURMEn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from vit import configs, environment, exits, launch, results, runs
+from vit import configs, environment, exits, launch, loggers, results, runs
 from vit.callbacks import LogConfig, TimeToAccuracy
 from vit.guards import StopAfterMinutes, StopOnNonFinite, StopOnSignal
 from vit.progress import ModelSummary, ProgressBar
@@ -69,34 +69,17 @@ class RecipeFile(ActionConfigFile):
         super().__call__(parser, cfg, str(configs.path(values)), option_string)
 
 
-def named_recipes(argv: list[str]) -> list[str]:
-    return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--config", "-c")] + \
-        [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
-
-
-def recipe_name(argv: list[str]) -> str:
-    """The last recipe named on the command line (it names the run root), else the default's."""
-    named = named_recipes(argv)
-    return Path(named[-1]).name.removesuffix(".yaml") if named else configs.DEFAULT if gpu_present() else configs.CPU
-
-
-def gpu_present() -> bool:
-    import torch
-
-    return torch.cuda.is_available() or os.environ.get("VIT_ASSUME_GPU") == "1"
-
-
 class ViTCLI(LightningCLI):
     def __init__(self, mode: str, argv: list[str], claimed: list[Path]):
         self.mode, self.argv, self.claimed, self.resume = mode, argv, claimed, None
         defaults = [configs.path(configs.BASE), configs.path(configs.DEFAULT)]
-        if mode == "fit" and not named_recipes(argv) and not gpu_present():
+        if mode == "fit" and not configs.named_recipes(argv) and not configs.gpu_present():
             environment.check_gpus_usable()  # GPUs given but unusable: never the CPU recipe in their place
             defaults.append(configs.path(configs.CPU))
             rank_zero_info(f"no GPU here: the default recipe {configs.DEFAULT} is a GPU recipe (100 epochs, bf16), so "
                            f"this runs the {configs.CPU} recipe (10 minutes); name a recipe with --config to choose")
         if {"-h", "--help"} & set(argv):  # --help shows the defaults of the recipes named on the line
-            defaults += [configs.path(name) for name in named_recipes(argv)]
+            defaults += [configs.path(name) for name in configs.named_recipes(argv)]
         super().__init__(ViTClassifier, L.LightningDataModule, subclass_mode_data=True, run=False, args=argv,
                          save_config_callback=LogConfig, save_config_kwargs={"overwrite": True},
                          auto_configure_optimizers=False,
@@ -142,7 +125,7 @@ class ViTCLI(LightningCLI):
         cfg = self.config
         if str(cfg.trainer.accelerator) in ("auto", "gpu", "cuda"):
             environment.check_gpus_usable()
-        root = Path(cfg.trainer.default_root_dir or Path("runs") / recipe_name(self.argv))
+        root = Path(cfg.trainer.default_root_dir or Path("runs") / configs.recipe_name(self.argv))
         if self.mode == "test":
             if not cfg.ckpt_path or cfg.ckpt_path == "last":
                 raise ConfigError("test needs --ckpt_path CKPT, the checkpoint file to evaluate")
@@ -164,28 +147,10 @@ class ViTCLI(LightningCLI):
                 self.check_resumable(ckpt)
                 self.resume = (ckpt_path, ckpt)
             rank_zero_info(note or f"run folder: {run}")
-            self.take_allocation(cfg.trainer)
+            launch.apply_allocation(cfg.trainer)
         os.environ[runs.ENV] = str(run)  # the processes Lightning's DDP launcher starts use this folder too
         known = self.resume[1].get("vit", {}).get("wandb_run_id") if self.resume else None
-        self.place_outputs(cfg, run, known)
-
-    @staticmethod
-    def take_allocation(trainer: Namespace) -> None:
-        """Under SLURM or torchrun the processes exist already: devices and nodes are the allocation's,
-        whatever the recipe says (one line says what it overrode)."""
-        allocated = launch.allocation()
-        if allocated is None:
-            return
-        devices, nodes = allocated
-        overridden = [f"{key} {getattr(trainer, key)}" for key, value in (("devices", devices), ("num_nodes", nodes))
-                      if str(getattr(trainer, key)) != str(value)]
-        trainer.devices, trainer.num_nodes = devices, nodes
-        if devices * nodes > 1 and trainer.strategy == "auto":
-            trainer.strategy = "ddp"
-        job = launch.slurm_job()
-        launcher = f"SLURM job {job}" if job else f"torchrun {launch.torchrun_id()}"
-        rank_zero_info(f"{launcher}: {devices} process(es) per node on {nodes} node(s)"
-                       + (f" (the allocation's; the recipe's {' and '.join(overridden)} overridden)" if overridden else ""))
+        runs.place_outputs(cfg, run, known)
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
         """The Trainer as configured, plus: DDP with the --ddp_timeout on its process group; checkpoints
@@ -248,26 +213,6 @@ class ViTCLI(LightningCLI):
             raise CheckpointError(f"{self.config.ckpt_path or 'the last checkpoint'}: its model does not fit "
                                   f"this command line ({'; '.join(diff)})")
 
-    @staticmethod
-    def place_outputs(cfg: Namespace, run: Path, known_wandb_id: str | None) -> None:
-        """Point the Trainer, every logger and every checkpoint callback without a folder at ``run``; W&B
-        logs to the run folder's own W&B run (vit.runs.wandb_id), whichever attempt this is."""
-        cfg.trainer.default_root_dir = str(run)
-        loggers = cfg.trainer.logger
-        for logger in loggers if isinstance(loggers, list) else [loggers]:
-            if not isinstance(logger, Namespace):
-                continue
-            init = logger.init_args
-            init.save_dir = str(run)
-            if logger.class_path.startswith("lightning.") and logger.class_path.endswith(("CSVLogger", "TensorBoardLogger")):
-                init.name, init.version = "", ""  # metrics straight into the run folder
-            elif logger.class_path.endswith("WandbLogger"):
-                init.name = init.get("name") or f"{run.parent.name}/{run.name}"
-                init.id = init.get("id") or runs.wandb_id(run, known_wandb_id)
-        for callback in cfg.trainer.callbacks or []:
-            if callback.class_path.endswith("ModelCheckpoint") and not callback.init_args.get("dirpath"):
-                callback.init_args.dirpath = str(run / runs.CHECKPOINTS)
-
     def fit(self) -> None:
         ckpt = str(self.resume[0]) if self.resume else None
         if self.trainer.world_size > 1:
@@ -316,10 +261,10 @@ class ViTCLI(LightningCLI):
         run = Path(self.trainer.default_root_dir)
         if self.mode == "fit":
             clock = next(cb for cb in self.trainer.callbacks if isinstance(cb, results.TrainingClock)).state_dict()
-            recipe = recipe_name(self.argv)
+            recipe = configs.recipe_name(self.argv)
         else:
             clock = results.TrainingClock.of(self.resume[1])
-            recipe = Path(named_recipes(self.argv)[-1]).stem if named_recipes(self.argv) else run.parent.name
+            recipe = Path(configs.named_recipes(self.argv)[-1]).stem if configs.named_recipes(self.argv) else run.parent.name
         best = self.model.val_acc_best.max_value  # restored with the tested checkpoint's state
         reached = next((cb.reached for cb in self.trainer.callbacks if isinstance(cb, TimeToAccuracy)), None)
         record = results.make(
@@ -377,16 +322,6 @@ def lost_contact(e: RuntimeError) -> bool:
                                                              "connection reset by peer", "broken pipe"))
 
 
-def end_wandb_run(code: int) -> None:
-    """End the W&B run here rather than in wandb's exit hook, whose closing lines reach a log file with
-    terminal colour codes; wandb.finish() writes them plainly when the output is not a terminal."""
-    if "wandb" in sys.modules:
-        import wandb
-
-        if wandb.run is not None:
-            wandb.finish(exit_code=code)
-
-
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -432,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not inherited:
             os.environ.pop(runs.ENV, None)
-        end_wandb_run(code)
+        loggers.end_wandb_run(code)
     # every process fails alike on a bad input, a divergence or a stop (say it once); a full disk or device
     # memory is one process's own
     alike = code in [exits.status_of(e()) for e in (exits.BadInput, exits.TrainingDiverged, exits.Stopped)]
