@@ -12,6 +12,8 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
+from vit.loggers import wandb_logger
+
 
 class TimeToAccuracy(L.Callback):
     """Log the training time (the run's clock, vit.results.TrainingClock: seconds inside fit, summed over
@@ -45,7 +47,7 @@ class TimeToAccuracy(L.Callback):
 
 
 def _wandb(trainer) -> WandbLogger | None:
-    return next((lg for lg in trainer.loggers if isinstance(lg, WandbLogger)), None)
+    return wandb_logger(trainer.loggers)
 
 
 class WandbSamplePredictions(L.Callback):

@@ -12,9 +12,8 @@ import time
 
 import lightning as L
 import torch
-from lightning.pytorch.loggers import WandbLogger
-
 from vit.exits import Preempted, TrainingDiverged
+from vit.loggers import wandb_logger
 
 
 class StopOnNonFinite(L.Callback):
@@ -122,7 +121,7 @@ class StopOnSignal(L.Callback):
         started = time.perf_counter()
         trainer.save_checkpoint(path)  # every process: the checkpoint gathers each one's RNG states
         seconds = time.perf_counter() - started
-        if trainer.is_global_zero and any(isinstance(lg, WandbLogger) for lg in trainer.loggers):
+        if trainer.is_global_zero and wandb_logger(trainer.loggers) is not None:
             import wandb
 
             if wandb.run is not None:  # the logger's run, if it started

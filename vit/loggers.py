@@ -107,6 +107,12 @@ class CSVLogger(_LightningCSVLogger):
         return self._experiment
 
 
+def wandb_logger(loggers) -> _LightningWandbLogger | None:
+    """The run's W&B logger (ours or Lightning's own) among ``loggers``, if it has one: the one lookup every
+    part of a run uses."""
+    return next((lg for lg in loggers if isinstance(lg, _LightningWandbLogger)), None)
+
+
 def end_wandb_run(code: int) -> None:
     """End the W&B run here rather than in wandb's exit hook, whose closing lines reach a log file with
     terminal colour codes; wandb.finish() writes them plainly when the output is not a terminal."""

@@ -327,14 +327,13 @@ class ViTClassifier(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Everything classification needs, in plain types: no config file, no Lightning. A model with
         non-finite weights is never saved (vit.guards.StopOnNonFinite says why training stopped)."""
-        from lightning.pytorch.loggers import WandbLogger
-
         from vit.exits import TrainingDiverged
+        from vit.loggers import wandb_logger
 
         if not all(torch.isfinite(p).all() for p in self.model.parameters()):
             raise TrainingDiverged(f"training diverged by step {self.global_step} (epoch {self.current_epoch}): "
                                    "the weights are not finite; no checkpoint was written")
-        wandb = next((lg for lg in self.loggers if isinstance(lg, WandbLogger)), None)
+        wandb = wandb_logger(self.loggers)
         checkpoint["vit"] = {**self.metadata().to_dict(), "wandb_run_id": wandb.version if wandb else None}
         checkpoint["schedule"] = self.schedule.state_dict()
 

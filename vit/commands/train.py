@@ -39,7 +39,7 @@ from vit.seeding import EpochSeed
 from vit.checkpoint_io import AtomicCheckpointIO
 from vit.checkpoints import read_checkpoint
 from vit.exits import CheckpointError, ConfigError, Stopped
-from vit.loggers import WandbLogger, quiet_lightning
+from vit.loggers import quiet_lightning
 from vit.module import ViTClassifier
 
 MODES = ("fit", "test")
@@ -277,9 +277,9 @@ class ViTCLI(LightningCLI):
             **({"time_to_val_acc": {f"{t:.2f}": round(s, 1) for t, s in reached.items()}} if reached is not None else {}))
         path = results.write(run, record, None if self.mode == "fit" else Path(ckpt).stem)
         rank_zero_info(f"record: {path}")
-        for logger in self.trainer.loggers:
-            if isinstance(logger, WandbLogger):
-                logger.experiment.summary.update(record)
+        wandb = loggers.wandb_logger(self.trainer.loggers)
+        if wandb is not None:
+            wandb.experiment.summary.update(record)
 
     def report(self) -> None:
         """The run's figures (vit.report) into its folder, and to W&B when it is on."""
@@ -287,9 +287,9 @@ class ViTCLI(LightningCLI):
 
         run = Path(self.trainer.default_root_dir)
         figures = report.write(run, self.model, self.datamodule.test_set)
-        for logger in self.trainer.loggers:
-            for figure in figures if isinstance(logger, WandbLogger) else []:
-                logger.log_image(key=f"report/{figure.stem}", images=[str(figure)])
+        wandb = loggers.wandb_logger(self.trainer.loggers)
+        for figure in figures if wandb is not None else []:
+            wandb.log_image(key=f"report/{figure.stem}", images=[str(figure)])
         if figures:
             rank_zero_info(f"figures: {', '.join(str(f) for f in figures)}")
 
