@@ -199,3 +199,22 @@ def test_a_user_drops_images_on_the_page_in_a_real_browser(browser, demo, traine
     loaded = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
     assert loaded and all(name.startswith(("http://127.0.0.1", "data:", "blob:")) for name in loaded), loaded
     assert twenty < 240
+
+
+def test_the_page_offers_a_folders_examples(trained_checkpoint, tmp_path):
+    """`vit-demo --examples DIR`: the page lists DIR's images as examples (built, not served)."""
+    import gradio as gr
+
+    from vit.commands.demo import build_page
+    from vit.images import find_images
+    from vit.inference import load_classifier
+
+    folder = tmp_path / "examples"
+    folder.mkdir()
+    for i in range(3):
+        photo(folder / f"{i}.jpg", 64, 48, seed=i)
+    examples = find_images([folder])
+    page = build_page(load_classifier(trained_checkpoint), str(trained_checkpoint), examples)
+    assert isinstance(page, gr.Blocks)
+    (offered,) = [c for c in page.blocks.values() if isinstance(c, gr.Dataset)]  # gr.Examples' table
+    assert sorted(Path(row[0][0]).name for row in offered.raw_samples) == ["0.jpg", "1.jpg", "2.jpg"]
