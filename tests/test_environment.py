@@ -64,6 +64,20 @@ def test_a_full_disk_is_one_line_and_the_resume_after_freeing_space_is_exact(tmp
                                load(run / "checkpoints/last.ckpt"))
 
 
+def test_the_resume_command_continues_the_same_run_folder(monkeypatch, tmp_path):
+    from vit.environment import resume_command
+
+    argv = ["--config", "smoke", "--run", "x", "--ckpt_path=last", "--data.root", "data dir"]
+    for key in ("SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_JOB_NAME"):
+        monkeypatch.delenv(key, raising=False)
+    assert resume_command(argv, tmp_path / "version_3") == \
+        "python scripts/train.py --config smoke --data.root 'data dir' --ckpt_path last --run version_3"
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")  # a new job has a new folder: the line names this one's
+    assert resume_command(argv, tmp_path / "slurm-77") == \
+        "sbatch scripts/slurm/train.sbatch --config smoke --data.root 'data dir' --run slurm-77"
+
+
 @pytest.mark.parametrize("error, status, message", [
     ("oom", 7, "error: the accelerator ran out of memory with 50 images per device (the global batch 50 split among "
                "the processes). Try --data.batch_size 25 --trainer.accumulate_grad_batches 2 (the same global batch "

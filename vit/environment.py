@@ -23,7 +23,9 @@ def storage_full(error: OSError) -> bool:
 
 
 def resume_command(argv: list[str], run: Path) -> str:
-    """The command that continues ``run``: this command line, with --ckpt_path last --run <run>."""
+    """The command that continues ``run``: this command line with --ckpt_path last --run <run>; in a SLURM job,
+    the sbatch line (train.sbatch says --ckpt_path last itself; --run names this job's folder, which a new
+    job would not resume otherwise)."""
     kept, skip = [], False
     for arg in argv:
         if skip:
@@ -32,6 +34,8 @@ def resume_command(argv: list[str], run: Path) -> str:
             skip = True
         elif not arg.startswith(("--ckpt_path=", "--run=")):
             kept.append(arg)
+    if launch.slurm_job():
+        return shlex.join(["sbatch", "scripts/slurm/train.sbatch", *kept, "--run", run.name])
     return shlex.join(["python", "scripts/train.py", *kept, "--ckpt_path", "last", "--run", run.name])
 
 
