@@ -75,7 +75,8 @@ def newest_readable(run: Path) -> tuple[Path, dict, str] | None:
 def newest_run(root: Path) -> Path | None:
     """The run under ``root`` whose newest checkpoint was written last."""
     found = [(d, last_checkpoint(d)) for d in root.iterdir() if d.is_dir()] if root.is_dir() else []
-    return max((d for d, ckpt in found if ckpt), key=lambda d: last_checkpoint(d).stat().st_mtime_ns, default=None)
+    newest = max(((d, ckpt) for d, ckpt in found if ckpt), key=lambda pair: pair[1].stat().st_mtime_ns, default=None)
+    return newest[0] if newest else None
 
 
 def run_of(checkpoint: Path) -> Path | None:
