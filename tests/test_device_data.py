@@ -96,7 +96,7 @@ def test_time_to_accuracy_records_each_threshold_once_on_the_runs_clock():
     from types import SimpleNamespace
 
     from vit.callbacks import TimeToAccuracy
-    from vit.results import TrainingClock
+    from vit.callbacks import TrainingClock
 
     logged = {}
     module = SimpleNamespace(log_dict=lambda d: logged.update(d))

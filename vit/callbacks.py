@@ -1,9 +1,11 @@
-"""Callbacks a recipe lists (configs/*.yaml): throughput, time to accuracy, and what W&B shows (the
-resolved config, sample predictions, attention rollout). The run's own machinery is elsewhere: what stops
-a run (vit.guards), what it shows (vit.progress), seeding (vit.seeding), its clock and record
-(vit.results); vit.commands.train attaches those to every run."""
+"""Callbacks: those a recipe lists (configs/*.yaml: throughput, time to accuracy, and what W&B shows: the
+resolved config, sample predictions, attention rollout), and ``run_callbacks``, the one place every run's
+own machinery is attached from the modules that own each question: what stops a run (vit.guards), what it
+shows (vit.progress), seeding (vit.seeding), exact resume (vit.resume); the run's clock (TrainingClock) is here."""
 
 from __future__ import annotations
+
+import time
 
 import lightning as L
 import torch
@@ -15,8 +17,53 @@ from lightning.pytorch.utilities import rank_zero_info
 from vit.loggers import wandb_logger
 
 
+class TrainingClock(L.Callback):
+    """The run's training time and progress, carried across resumes in every checkpoint: seconds inside
+    ``fit`` (its training and validation epochs, not start-up or the test), optimizer steps, epochs (a
+    fraction when a time budget ends one mid-way) and training images seen. The record's figures, and
+    the clock that TimeToAccuracy reads."""
+
+    def __init__(self):
+        self.before = {"training_seconds": 0.0, "train_images": 0}  # of the attempts this run resumed from
+        self.started = self.stopped = None
+        self.trainer = None
+
+    def on_train_start(self, trainer, pl_module):
+        self.trainer, self.first_step = trainer, trainer.global_step
+        self.global_batch = trainer.datamodule.batch_size * trainer.accumulate_grad_batches
+        self.started, self.stopped = time.perf_counter(), None
+
+    def on_train_end(self, trainer, pl_module):
+        self.stopped = time.perf_counter()
+
+    def seconds(self) -> float:
+        if self.started is None:
+            return self.before["training_seconds"]
+        return self.before["training_seconds"] + (self.stopped or time.perf_counter()) - self.started
+
+    def state_dict(self) -> dict:
+        if self.trainer is None:
+            return dict(self.before)
+        trainer = self.trainer
+        per_epoch = max(1, trainer.num_training_batches // trainer.accumulate_grad_batches) \
+            if trainer.num_training_batches not in (0, float("inf")) else 1
+        seconds = self.seconds()
+        images = self.before["train_images"] + (trainer.global_step - self.first_step) * self.global_batch
+        return {"training_seconds": round(seconds, 3), "train_images": images, "steps": trainer.global_step,
+                "epochs": round(trainer.global_step / per_epoch, 2),
+                "train_images_per_second": round(images / seconds, 1) if seconds > 0 else None}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.before = {**self.before, **state_dict}
+
+    @staticmethod
+    def of(checkpoint: dict) -> dict:
+        """The clock's state in a checkpoint ({} for one written without it)."""
+        return next((v for k, v in checkpoint.get("callbacks", {}).items() if k.startswith("TrainingClock")), {})
+
+
 class TimeToAccuracy(L.Callback):
-    """Log the training time (the run's clock, vit.results.TrainingClock: seconds inside fit, summed over
+    """Log the training time (the run's clock, TrainingClock: seconds inside fit, summed over
     resumes) at which ``val/acc`` first reaches each threshold, as ``time_to/val_acc_<threshold>``, and
     print one line when it happens. The times reached are kept in checkpoints and in the run's record."""
 
@@ -31,8 +78,6 @@ class TimeToAccuracy(L.Callback):
         self.reached = {float(t): s for t, s in state_dict.get("reached", {}).items()}
 
     def on_validation_epoch_end(self, trainer, pl_module):
-        from vit.results import TrainingClock
-
         acc = trainer.callback_metrics.get("val/acc")
         if trainer.sanity_checking or acc is None:
             return
@@ -124,3 +169,51 @@ class LogConfig(SaveConfigCallback):
 
             wandb.experiment.config.update(yaml.safe_load(self.parser.dump(self.config, skip_none=False)),
                                            allow_val_change=True)
+
+
+class WandbRunId(L.Callback):
+    """Every checkpoint names the run's W&B run (``vit.wandb_run_id``; None without W&B), so that a resume
+    logs into that run."""
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        wandb = wandb_logger(trainer.loggers)
+        checkpoint.setdefault("vit", {})["wandb_run_id"] = wandb.version if wandb else None
+
+
+def run_callbacks(trainer: dict, configured: list, step_checkpoint_minutes: float | None,
+                  stop_after_minutes: float | None) -> list[L.Callback]:
+    """Every run's own callbacks, attached here and nowhere else (a recipe lists only what it chooses:
+    checkpoints, throughput, W&B media, time to accuracy): exact resume (epoch seeds), the divergence
+    and preemption stops (looked at every log_every_n_steps steps), the run's clock and record, the
+    learning rate in the logs, --stop_after_minutes, the rolling step checkpoint and each process's RNG
+    states in checkpoints (exact mid-epoch resume, vit.resume), the W&B run's id in checkpoints, and
+    vit.progress.ProgressBar and ModelSummary unless one is configured or turned off."""
+    from pathlib import Path
+
+    from lightning.pytorch.callbacks import LearningRateMonitor
+    from lightning.pytorch.callbacks import ModelSummary as LightningModelSummary
+    from lightning.pytorch.callbacks import ProgressBar as LightningProgressBar
+
+    from vit import runs
+    from vit.guards import StopAfterMinutes, StopOnNonFinite, StopOnSignal
+    from vit.progress import ModelSummary, ProgressBar
+    from vit.resume import RNGStates, StepCheckpoint
+    from vit.seeding import EpochSeed
+
+    every = trainer.get("log_every_n_steps") or 50
+    # StopOnSignal after the clock: its checkpoint of the stop step holds that step's count
+    callbacks = [EpochSeed(), RNGStates(), StopOnNonFinite(every), TrainingClock(), StopOnSignal(every), WandbRunId()]
+    if trainer.get("logger", True) not in (False, []):
+        callbacks.append(LearningRateMonitor("step"))
+    if trainer.get("enable_progress_bar") is not False and \
+            not any(isinstance(c, LightningProgressBar) for c in configured):
+        callbacks.append(ProgressBar())
+    if trainer.get("enable_model_summary") is not False and \
+            not any(isinstance(c, LightningModelSummary) for c in configured):
+        callbacks.append(ModelSummary())
+    if step_checkpoint_minutes:  # the rolling step checkpoint (vit.runs.STEP)
+        callbacks.append(StepCheckpoint(Path(trainer.get("default_root_dir")) / runs.CHECKPOINTS,
+                                        step_checkpoint_minutes))
+    if stop_after_minutes:
+        callbacks.append(StopAfterMinutes(stop_after_minutes))
+    return callbacks

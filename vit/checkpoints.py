@@ -32,3 +32,13 @@ def read_checkpoint(path: str | Path) -> dict:
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
         raise CheckpointError(f"{path}: not a vit training checkpoint (no state_dict)")
     return ckpt
+
+
+def check_fits(ckpt: dict, arch: dict, name: str | None) -> None:
+    """A checkpoint whose model does not fit the command line's ``arch``: one line naming the differences."""
+    theirs = ckpt.get("hyper_parameters", {}).get("arch", {})
+    diff = [f"{k}: checkpoint {theirs[k]!r}, command line {arch[k]!r}" for k in arch
+            if k in theirs and k != "num_classes" and theirs[k] != arch[k]]
+    if diff:
+        raise CheckpointError(f"{name or 'the last checkpoint'}: its model does not fit "
+                              f"this command line ({'; '.join(diff)})")

@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -21,8 +22,8 @@ class StopOnNonFinite(L.Callback):
 
     Every step is watched on the device (the first bad step and the last finite loss are kept there,
     with no host sync); the host looks every ``every_n_steps`` steps, before each validation and at
-    the end of each epoch, so a checkpoint is never written after a bad step (and the LightningModule
-    refuses to save non-finite weights in any case). Under DDP all ranks decide together.
+    the end of each epoch, so a checkpoint is never written after a bad step (and non-finite weights
+    are refused at every save in any case). Under DDP all ranks decide together.
     """
 
     def __init__(self, every_n_steps: int = 1):
@@ -63,6 +64,12 @@ class StopOnNonFinite(L.Callback):
 
     def on_train_epoch_end(self, trainer, pl_module):
         self.check(trainer)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        """A model with non-finite weights is never saved (``check`` has said why training stopped)."""
+        if not all(torch.isfinite(p).all() for p in pl_module.parameters()):
+            raise TrainingDiverged(f"training diverged by step {trainer.global_step} (epoch {trainer.current_epoch}): "
+                                   "the weights are not finite; no checkpoint was written")
 
     def check(self, trainer) -> None:
         if not trainer.strategy.reduce_boolean_decision(bool(self.bad_step >= 0), all=False):
@@ -147,8 +154,6 @@ class StopAfterMinutes(L.Callback):
         self.epoch_started = time.perf_counter()
 
     def on_validation_end(self, trainer, pl_module):  # before ModelCheckpoint's (Lightning runs those last)
-        from vit.results import wall_seconds
-
         if trainer.sanity_checking or not hasattr(self, "epoch_started"):
             return
         epoch = time.perf_counter() - self.epoch_started
@@ -158,3 +163,16 @@ class StopAfterMinutes(L.Callback):
         if late and not last:
             trainer.should_stop = True
             self.stopped_at = trainer.current_epoch
+
+
+_IMPORTED = time.perf_counter()
+
+
+def wall_seconds() -> float:
+    """Seconds since this process started (a run continued across commands: the last command's) (Linux: /proc; elsewhere since this module was imported)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return uptime - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - _IMPORTED

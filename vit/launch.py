@@ -107,3 +107,29 @@ def apply_allocation(trainer) -> None:
     launcher = f"SLURM job {job}" if job else f"torchrun {torchrun_id()}"
     rank_zero_info(f"{launcher}: {devices} process(es) per node on {nodes} node(s)"
                    + (f" (the allocation's; the recipe's {' and '.join(overridden)} overridden)" if overridden else ""))
+
+
+def parallelism(trainer: dict, ddp_timeout: float) -> dict:
+    """The Trainer's strategy and plugins for this launch: DDP with ``ddp_timeout`` seconds on its process
+    group where more than one process trains;
+    checkpoints written atomically (vit.checkpoint_io); under SLURM, Lightning's own preemption handler off
+    (it deadlocks DDP: vit.guards.StopOnSignal handles SIGUSR1)."""
+    from datetime import timedelta
+
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    from vit.checkpoint_io import AtomicCheckpointIO
+
+    kwargs = {}
+    devices, nodes = trainer.get("devices", "auto"), trainer.get("num_nodes", 1)
+    count = devices if isinstance(devices, int) else len(devices) if isinstance(devices, list) else \
+        int(devices) if str(devices).isdigit() else 1
+    strategy = trainer.get("strategy", "auto")
+    if strategy == "ddp" or (strategy == "auto" and count * nodes > 1):
+        from lightning.pytorch.strategies import DDPStrategy
+
+        kwargs["strategy"] = DDPStrategy(timeout=timedelta(seconds=ddp_timeout))
+    plugins = trainer.get("plugins") or []
+    kwargs["plugins"] = [*(plugins if isinstance(plugins, list) else [plugins]), AtomicCheckpointIO(),
+                         *([SLURMEnvironment(auto_requeue=False)] if slurm_job() else [])]
+    return kwargs

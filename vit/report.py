@@ -150,3 +150,14 @@ def write(run_dir: Path, module, test_set) -> list[Path]:
             _, rollouts = explain(module.eval_model, module.normalize(images.to(module.device)))
         written.append(examples(images, probs[chosen], labels[chosen], rollouts, names, run_dir / EXAMPLES))
     return written
+
+
+def publish(run_dir: Path, module, test_set, loggers) -> list[Path]:
+    """The run's figures into its folder (``write``), and to W&B when the run logs there."""
+    from vit.loggers import wandb_logger
+
+    figures = write(run_dir, module, test_set)
+    wandb = wandb_logger(loggers)
+    for figure in figures if wandb is not None else []:
+        wandb.log_image(key=f"report/{figure.stem}", images=[str(figure)])
+    return figures

@@ -11,15 +11,11 @@ import os
 import platform
 import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import lightning as L
-
 FILE = "results.json"
 REPO = Path(__file__).resolve().parents[1]
-_IMPORTED = time.perf_counter()
 
 
 @functools.cache
@@ -50,13 +46,24 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_bf16_units() -> list[str]:
+    """The CPU's bf16 units (Linux's flags avx512_bf16, amx_bf16): without them torch emulates bf16 matmuls."""
+    try:
+        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
+
+
 def machine(accelerator: str, devices: int) -> dict:
     """The device that trained or tested (a GPU's name, else the CPU's model) and how many of them;
     on CPUs also the threads torch used and the cores it could use."""
     import torch
 
-    cpu = {"cpu": cpu_model(), "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-           else os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    cpu = {"cpu": cpu_model(), "cpu_bf16": cpu_bf16_units(),
+           "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+           "torch_threads": torch.get_num_threads()}
     if accelerator == "cuda" and torch.cuda.is_available():
         return {"device": torch.cuda.get_device_name(), "device_count": devices, **cpu}
     return {"device": cpu["cpu"], "device_count": devices, **cpu}
@@ -112,56 +119,35 @@ def read(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def wall_seconds() -> float:
-    """Seconds since this process started (a run continued across commands: the last command's) (Linux: /proc; elsewhere since this module was imported)."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        return uptime - ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return time.perf_counter() - _IMPORTED
+def record_run(trainer, module, mode: str, argv: list[str], ckpt: str | None, metrics: dict,
+               tested_checkpoint: dict | None) -> Path:
+    """results.json in the run folder, and the same record in the W&B run's summary. After fit it describes
+    the run (its clock, steps, epochs); after ``test`` (``tested_checkpoint``) the checkpoint's run."""
+    import torch
 
+    from vit import configs, guards
+    from vit.callbacks import TimeToAccuracy, TrainingClock
+    from vit.loggers import wandb_logger
 
-class TrainingClock(L.Callback):
-    """The run's training time and progress, carried across resumes in every checkpoint: seconds inside
-    ``fit`` (its training and validation epochs, not start-up or the test), optimizer steps, epochs (a
-    fraction when a time budget ends one mid-way) and training images seen. The record's figures, and
-    the clock that TimeToAccuracy reads."""
-
-    def __init__(self):
-        self.before = {"training_seconds": 0.0, "train_images": 0}  # of the attempts this run resumed from
-        self.started = self.stopped = None
-        self.trainer = None
-
-    def on_train_start(self, trainer, pl_module):
-        self.trainer, self.first_step = trainer, trainer.global_step
-        self.global_batch = trainer.datamodule.batch_size * trainer.accumulate_grad_batches
-        self.started, self.stopped = time.perf_counter(), None
-
-    def on_train_end(self, trainer, pl_module):
-        self.stopped = time.perf_counter()
-
-    def seconds(self) -> float:
-        if self.started is None:
-            return self.before["training_seconds"]
-        return self.before["training_seconds"] + (self.stopped or time.perf_counter()) - self.started
-
-    def state_dict(self) -> dict:
-        if self.trainer is None:
-            return dict(self.before)
-        trainer = self.trainer
-        per_epoch = max(1, trainer.num_training_batches // trainer.accumulate_grad_batches) \
-            if trainer.num_training_batches not in (0, float("inf")) else 1
-        seconds = self.seconds()
-        images = self.before["train_images"] + (trainer.global_step - self.first_step) * self.global_batch
-        return {"training_seconds": round(seconds, 3), "train_images": images, "steps": trainer.global_step,
-                "epochs": round(trainer.global_step / per_epoch, 2),
-                "train_images_per_second": round(images / seconds, 1) if seconds > 0 else None}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self.before = {**self.before, **state_dict}
-
-    @staticmethod
-    def of(checkpoint: dict) -> dict:
-        """The clock's state in a checkpoint ({} for one written without it)."""
-        return next((v for k, v in checkpoint.get("callbacks", {}).items() if k.startswith("TrainingClock")), {})
+    run = Path(trainer.default_root_dir)
+    if mode == "fit":
+        clock = next(cb for cb in trainer.callbacks if isinstance(cb, TrainingClock)).state_dict()
+        recipe = configs.recipe_name(argv)
+    else:
+        clock = TrainingClock.of(tested_checkpoint)
+        recipe = Path(configs.named_recipes(argv)[-1]).stem if configs.named_recipes(argv) else run.parent.name
+    best = module.val_acc_best.max_value  # restored with the tested checkpoint's state
+    reached = next((cb.reached for cb in trainer.callbacks if isinstance(cb, TimeToAccuracy)), None)
+    record = make(
+        recipe=recipe, argv=[mode, *argv] if mode == "test" else argv,
+        accelerator=module.device.type, devices=trainer.world_size, metrics=metrics,
+        checkpoint=ckpt and os.path.relpath(ckpt, run), best_val_acc=round(100 * best.item(), 2) if torch.isfinite(best) else None,
+        epochs=clock.get("epochs"), steps=clock.get("steps"), training_seconds=clock.get("training_seconds"),
+        wall_seconds=round(guards.wall_seconds(), 1),
+        train_images_per_second=clock.get("train_images_per_second"),
+        **({"time_to_val_acc": {f"{t:.2f}": round(s, 1) for t, s in reached.items()}} if reached is not None else {}))
+    path = write(run, record, None if mode == "fit" else Path(ckpt).stem)
+    wandb = wandb_logger(trainer.loggers)
+    if wandb is not None:
+        wandb.experiment.summary.update(record)
+    return path

@@ -158,3 +158,28 @@ def place_outputs(cfg, run: Path, known_wandb_id: str | None) -> None:
     for callback in cfg.trainer.callbacks or []:
         if callback.class_path.endswith("ModelCheckpoint") and not callback.init_args.get("dirpath"):
             callback.init_args.dirpath = str(run / CHECKPOINTS)
+
+
+def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict,
+                 claimed: list[Path]) -> tuple[Path, tuple[Path, dict] | None]:
+    """The run folder a fit writes into (``resolve``), and the checkpoint it resumes from with its contents
+    (None: a new run), checked to fit the command line's ``arch``; a folder this call created is appended to
+    ``claimed`` (removed again if the run never starts). Says which in one line."""
+    from lightning.pytorch.utilities import rank_zero_info
+
+    from vit.checkpoints import check_fits
+
+    given = read_checkpoint(ckpt_path) if ckpt_path not in (None, "last") else None
+    if given is not None:
+        check_fits(given, arch, ckpt_path)
+    existed = set(root.iterdir()) if root.is_dir() else set()
+    run, resume_from, ckpt, note = resolve(root, ckpt_path, name)
+    if run not in existed:
+        claimed.append(run)
+    resume = None
+    if resume_from is not None:
+        ckpt = ckpt or given or read_checkpoint(resume_from)
+        check_fits(ckpt, arch, ckpt_path)
+        resume = (resume_from, ckpt)
+    rank_zero_info(note or f"run folder: {run}")
+    return run, resume
