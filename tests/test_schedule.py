@@ -4,7 +4,7 @@ whichever is further; the lr's position and the training image size follow it; i
 import pytest
 
 from vit.exits import ConfigError
-from vit.schedule import Schedule, check_stages
+from vit.schedule import Schedule, check_stages, image_size, progress
 
 
 def test_by_steps_warmup_then_the_cosine_then_the_end():
@@ -57,3 +57,26 @@ def test_bad_stages_are_configuration_errors():
         check_stages(((18, 0.5),), 32, 4)
     with pytest.raises(ConfigError, match="got 32"):
         check_stages(((32, 0.5),), 32, 4)
+
+
+def test_progress_and_image_size_are_functions_of_where_the_run_is():
+    a = progress(50, (60.0, 100.0), warmup=2, decay=None, warmup_end_time=20.0)
+    assert a == progress(50, (60.0, 100.0), warmup=2, decay=None, warmup_end_time=20.0)
+    assert (a.updates, a.share, a.warmup_end_time) == (2 + 5_000, 0.6, 20.0)
+    assert progress(3, (20.0, 100.0), 2, None, None).warmup_end_time == 20.0  # warmup ends at this step's time
+    assert [image_size(share, ((16, 0.25), (24, 0.5)), 32) for share in (0.0, 0.25, 0.49, 0.5, 1.0)] == [16, 24, 24, 32, 32]
+
+
+@pytest.mark.parametrize("shape,middle", [("cosine", 0.5), ("linear", 0.5)])
+def test_the_lr_warms_up_then_decays_to_min_lr(shape, middle):
+    import torch
+
+    s = Schedule(warmup=2, decay=10, image_size=32)
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    scheduler = s.lr_scheduler(optimizer, 1.0, 0.0, shape)
+    lrs = {}
+    for step in (0, 2, 7, 12):
+        scheduler.step_update(num_updates=s.advance(step))
+        lrs[step] = optimizer.param_groups[0]["lr"]
+    assert lrs[0] == pytest.approx(1e-3) and lrs[2] == pytest.approx(1.0)
+    assert lrs[7] == pytest.approx(middle) and lrs[12] == pytest.approx(0.0, abs=1e-9)

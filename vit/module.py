@@ -16,6 +16,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from vit.exits import ConfigError
 from vit.model import ViTConfig, VisionTransformer, flops_per_image, load_pretrained
 from vit.preprocessing import CIFAR10_MEAN, CIFAR10_STD, Metadata, Normalize
+from vit import schedule
 from vit.schedule import Schedule, check_stages, shared_clock
 
 
@@ -125,8 +126,8 @@ class ViTClassifier(L.LightningModule):
             raise ConfigError(f"mean and std need {arch.in_channels} values each, got {mean}, {std}")
         self.class_names: list[str] = [str(i) for i in range(arch.num_classes)]
         check_stages(resize_stages, arch.image_size, arch.patch_size)
-        # the lr and the training image size follow the run's progress (vit.schedule); its length is known
-        # when the optimizers are made
+        # the lr and the training image size follow the run's progress: vit.schedule builds the schedule
+        # when training starts (its length is the Trainer's); until then this holds a resumed run's place
         self.schedule = Schedule(warmup=0, decay=None, image_size=arch.image_size,
                                  stages=tuple(tuple(s) for s in resize_stages))
         self._said_size = arch.image_size  # the training image size last announced (one line per switch)
@@ -249,29 +250,15 @@ class ViTClassifier(L.LightningModule):
         or — when ``--trainer.max_time`` is set — the time budget, whichever ends the run first, so a
         run cut off by the clock still ends at ``min_lr``."""
         from timm.optim import create_optimizer_v2
-        from timm.scheduler import CosineLRScheduler, PolyLRScheduler
 
         hp, trainer = self.hparams, self.trainer
         global_batch = trainer.datamodule.batch_size * trainer.accumulate_grad_batches
         lr = hp.lr * global_batch / hp.lr_batch_size
-        total = trainer.estimated_stepping_batches
-        trainer.fit_loop.setup_data()  # (done already unless the run is open-ended) num_training_batches
-        clock = shared_clock(trainer)
-        finite = total != float("inf")
-        if not finite and clock is None:
-            raise ConfigError("set --trainer.max_epochs, --trainer.max_steps or --trainer.max_time: "
-                              "the cosine schedule needs a length")
-        per_epoch = max(1, trainer.num_training_batches // trainer.accumulate_grad_batches)
-        warmup = int(round(hp.warmup_epochs * per_epoch))
-        if finite:
-            warmup = min(warmup, int(total) - 1)
-        self.schedule.warmup, self.schedule.decay = warmup, int(total) - warmup if finite else None
-        length = f"step {int(total)}" if finite else ""
-        if clock is not None:
-            length = f"{length} or " * bool(length) + f"{clock[1]:.0f} s of training, whichever comes first"
+        self.schedule, length = schedule.for_run(trainer, hp.warmup_epochs, self.model.config.image_size,
+                                                 hp.resize_stages, self.schedule.state_dict())
         split = f" = {trainer.world_size} processes × {trainer.datamodule.process_batch()}" * (trainer.world_size > 1)
         rank_zero_info(f"global batch {global_batch}{split}: lr {hp.lr:g} × {global_batch}/{hp.lr_batch_size} = {lr:g}; "
-                       f"{warmup} warmup steps, then {hp.get('decay', 'cosine')} to {hp.min_lr:g} at {length}")
+                       f"{self.schedule.warmup} warmup steps, then {hp.get('decay', 'cosine')} to {hp.min_lr:g} at {length}")
         if hp.optimizer == "muon":
             from timm.optim import Muon
 
@@ -282,10 +269,7 @@ class ViTClassifier(L.LightningModule):
             fused = self.device.type == "cuda"
             optimizer = create_optimizer_v2(self.model, "adamw", lr=lr, weight_decay=hp.weight_decay,
                                             betas=tuple(hp.betas), **({"fused": True} if fused else {}))
-        shape = {"power": 1.0} if hp.get("decay") == "linear" else {}
-        scheduler = (PolyLRScheduler if shape else CosineLRScheduler)(
-            optimizer, t_initial=max(self.schedule.cosine_steps, 1), lr_min=hp.min_lr, warmup_t=warmup,
-            warmup_lr_init=lr * 1e-3 if warmup else lr, warmup_prefix=True, t_in_epochs=False, **shape)
+        scheduler = self.schedule.lr_scheduler(optimizer, lr, hp.min_lr, hp.get("decay", "cosine"))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def param_groups(self, lr: float, muon_lr: float) -> list[dict]:
@@ -325,16 +309,9 @@ class ViTClassifier(L.LightningModule):
                 self.model.compile(dynamic=False)  # one static graph per image size (resize stages)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Everything classification needs, in plain types: no config file, no Lightning. A model with
-        non-finite weights is never saved (vit.guards.StopOnNonFinite says why training stopped)."""
-        from vit.exits import TrainingDiverged
-        from vit.loggers import wandb_logger
-
-        if not all(torch.isfinite(p).all() for p in self.model.parameters()):
-            raise TrainingDiverged(f"training diverged by step {self.global_step} (epoch {self.current_epoch}): "
-                                   "the weights are not finite; no checkpoint was written")
-        wandb = wandb_logger(self.loggers)
-        checkpoint["vit"] = {**self.metadata().to_dict(), "wandb_run_id": wandb.version if wandb else None}
+        """Everything classification needs, in plain types: no config file, no Lightning (beside what the
+        run's callbacks add: vit.callbacks.WandbRunId; vit.guards.StopOnNonFinite refuses non-finite weights)."""
+        checkpoint["vit"] = {**checkpoint.get("vit", {}), **self.metadata().to_dict()}
         checkpoint["schedule"] = self.schedule.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:

@@ -20,7 +20,7 @@ PRIVATE_USES = (
     ("vit/resume.py", "fit_loop.epoch_loop.batch_progress", "exact mid-epoch resume needs the batches the training "
      "loop has finished in the current epoch (its batch_progress counters); Lightning keeps them in its loops, "
      "which it documents as internals, with no public accessor"),
-    ("vit/module.py", "fit_loop.setup_data", "configure_optimizers needs num_training_batches of an open-ended run "
+    ("vit/schedule.py", "fit_loop.setup_data", "the schedule (built in configure_optimizers) needs num_training_batches of an open-ended run "
      "(a time budget) to lay warmup in epochs; Lightning computes it in the fit loop's setup_data, which it "
      "calls only after configure_optimizers in that case"),
     ("vit/progress.py", "ModelSummary.summarize", "the model summary adds the notes' FLOPs per image under "

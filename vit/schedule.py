@@ -1,53 +1,88 @@
-"""The run's schedule: how far the run is, and what follows from it — the learning rate (linear warmup by
-steps, then a cosine) and the training image size (progressive resizing).
+"""The run's schedule, built complete from the recipe when training starts: how far the run is, and what
+follows from it — the learning rate (linear warmup by steps, then timm's cosine, or a linear decay) and the
+training image size (progressive resizing).
 
 How far: warmup counts steps; then the share of the run done is the steps done over the total, or the
 training seconds used over the time budget (``--trainer.max_time``), whichever is further, so that a run
-cut off by the clock still ends its cosine at ``min_lr`` and passes every resize stage. Everything here
-is a function of (step, elapsed, budget); its one piece of state, the training second at which warmup
-ended, is kept in the checkpoint. Under DDP every process reads rank zero's clock (``shared_clock``).
+cut off by the clock still ends its decay at ``min_lr`` and passes every resize stage. ``progress`` is a
+pure function of (step, clock); its one piece of history, the training second at which warmup ended, is
+kept in the checkpoint. Under DDP every process reads rank zero's clock (``shared_clock``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vit.exits import ConfigError
+
+TIME_SLICES = 10_000  # the decay's length in timm's updates when the time budget alone gives the run's length
+
+
+@dataclass(frozen=True)
+class Progress:
+    updates: int  # the lr's position, in timm's updates
+    share: float  # of the whole run, warmup included: picks the image size
+    warmup_end_time: float | None  # training seconds when warmup ended (time budgets)
+
+
+def progress(step: int, clock: tuple[float, float] | None, warmup: int, decay: int | None,
+             warmup_end_time: float | None) -> Progress:
+    """Where the run is after ``step`` steps (and ``clock`` = (training seconds used, budget)): warmup by
+    steps, then the decay by the further of steps and time."""
+    length = warmup + (decay or 0)
+    share = step / length if decay else 0.0
+    done = (step - warmup) / decay if decay else 0.0
+    if clock is not None:
+        elapsed, budget = clock
+        share = max(share, elapsed / budget)
+        if step > warmup:
+            if warmup_end_time is None:
+                warmup_end_time = elapsed
+            done = max(done, (elapsed - warmup_end_time) / max(budget - warmup_end_time, 1e-9))
+    updates = step if step <= warmup else warmup + round(min(done, 1.0) * (decay or TIME_SLICES))
+    return Progress(updates, min(share, 1.0), warmup_end_time)
+
+
+def image_size(share: float, stages: tuple[tuple[int, float], ...], full: int) -> int:
+    """The training image size at ``share`` of the run: the first stage not yet ended, else ``full``."""
+    return next((size for size, end in stages if share < end), full)
+
 
 @dataclass
 class Schedule:
-    """``warmup`` steps; then a cosine of ``decay`` steps (None: the length is the time budget alone);
-    ``stages``: (image size, share of the run at which that size ends), then ``image_size``."""
+    """The run's schedule: ``warmup`` steps, then a decay of ``decay`` steps (None: the time budget alone
+    gives the length); ``stages``: (image size, share of the run at which that size ends), then
+    ``image_size``. Holds where the run is (``share``, ``warmup_end_time``: in every checkpoint)."""
 
     warmup: int
     decay: int | None
     image_size: int
     stages: tuple[tuple[int, float], ...] = ()
-    warmup_end_time: float | None = None  # training seconds when warmup ended (time budgets)
-    share: float = field(default=0.0)  # of the whole run, warmup included: picks the image size
+    warmup_end_time: float | None = None
+    share: float = field(default=0.0)
 
     def advance(self, step: int, clock: tuple[float, float] | None = None) -> int:
-        """The run is at ``step`` (and ``clock`` = (training seconds used, budget)); returns the cosine's
-        position in updates, what timm's scheduler is stepped to, and sets ``share``."""
-        length = self.warmup + (self.decay or 0)
-        share = step / length if self.decay else 0.0
-        done = (step - self.warmup) / self.decay if self.decay else 0.0
-        if clock is not None:
-            elapsed, budget = clock
-            share = max(share, elapsed / budget)
-            if step > self.warmup:
-                if self.warmup_end_time is None:
-                    self.warmup_end_time = elapsed
-                done = max(done, (elapsed - self.warmup_end_time) / max(budget - self.warmup_end_time, 1e-9))
-        self.share = min(share, 1.0)
-        return step if step <= self.warmup else self.warmup + round(min(done, 1.0) * self.cosine_steps)
+        """The run is at ``step``: remember where, and return the lr's position in timm's updates."""
+        p = progress(step, clock, self.warmup, self.decay, self.warmup_end_time)
+        self.share, self.warmup_end_time = p.share, p.warmup_end_time
+        return p.updates
 
     @property
     def cosine_steps(self) -> int:
-        """The cosine's length in timm's updates (a time budget without a step count: 10,000 slices)."""
-        return self.decay if self.decay else 10_000
+        """The decay's length in timm's updates."""
+        return self.decay if self.decay else TIME_SLICES
 
     def train_image_size(self) -> int:
-        return next((size for size, end in self.stages if self.share < end), self.image_size)
+        return image_size(self.share, self.stages, self.image_size)
+
+    def lr_scheduler(self, optimizer, lr: float, min_lr: float, shape: str = "cosine"):
+        """timm's scheduler for this schedule (stepped by ``advance``'s updates): linear warmup from lr/1000,
+        then the cosine (or, ``shape="linear"``, a linear decay) to ``min_lr``."""
+        from timm.scheduler import CosineLRScheduler, PolyLRScheduler
+
+        kind, extra = (PolyLRScheduler, {"power": 1.0}) if shape == "linear" else (CosineLRScheduler, {})
+        return kind(optimizer, t_initial=max(self.cosine_steps, 1), lr_min=min_lr, warmup_t=self.warmup,
+                    warmup_lr_init=lr * 1e-3 if self.warmup else lr, warmup_prefix=True, t_in_epochs=False, **extra)
 
     def state_dict(self) -> dict:
         return {"warmup_end_time": self.warmup_end_time, "share": self.share}
@@ -57,9 +92,30 @@ class Schedule:
         self.share = state.get("share", 0.0)
 
 
-def check_stages(stages, image_size: int, patch_size: int) -> None:
-    from vit.exits import ConfigError
+def for_run(trainer, warmup_epochs: float, image_size: int, stages, state: dict) -> tuple[Schedule, str]:
+    """The schedule of the run ``trainer`` is about to train, complete: its warmup (``warmup_epochs`` of
+    optimizer steps) and its length (the Trainer's steps, or its time budget, or both), from ``state`` (a
+    resumed run's), and a description of its length for the run's first lines."""
+    total = trainer.estimated_stepping_batches
+    trainer.fit_loop.setup_data()  # (done already unless the run is open-ended) num_training_batches
+    clock = shared_clock(trainer)
+    finite = total != float("inf")
+    if not finite and clock is None:
+        raise ConfigError("set --trainer.max_epochs, --trainer.max_steps or --trainer.max_time: "
+                          "the learning-rate schedule needs a length")
+    per_epoch = max(1, trainer.num_training_batches // trainer.accumulate_grad_batches)
+    warmup = int(round(warmup_epochs * per_epoch))
+    if finite:
+        warmup = min(warmup, int(total) - 1)
+    schedule = Schedule(warmup, int(total) - warmup if finite else None, image_size, tuple(tuple(s) for s in stages))
+    schedule.load_state_dict(state)
+    length = f"step {int(total)}" if finite else ""
+    if clock is not None:
+        length = f"{length} or " * bool(length) + f"{clock[1]:.0f} s of training, whichever comes first"
+    return schedule, length
 
+
+def check_stages(stages, image_size: int, patch_size: int) -> None:
     for size, _ in stages:
         if size % patch_size or size >= image_size:
             raise ConfigError(f"resize_stages: a stage's image size must be a multiple of the patch size "
