@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_benchmark_quick_writes_json(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "scripts/benchmark.py", "--quick", "--device", "cpu",
-                           "--output", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "scripts/benchmark.py", "--quick", "--device", "cpu", "--sections",
+                           "model,data,step,checkpoint,classify,startup,levers", "--output", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     assert report["device"] and report["torch"]
@@ -37,6 +37,10 @@ def test_benchmark_quick_writes_json(tmp_path):
         rounding = 100 * 0.0005 / (60 * row["interval_min"]) + 0.00005
         assert row["share_percent"] == pytest.approx(100 * row["s_per_save"] / (60 * row["interval_min"]), abs=rounding)
     assert report["startup"]["s_classify"] > 0 and report["startup"]["ratio"] > 0
+    levers = report["levers"]  # the cpu recipe's model in fp32 and bf16, at 1 thread and at all of them
+    assert {(row["dtype"], row["compiled"]) for row in levers} == {("float32", False), ("bfloat16", False)}
+    assert {row["threads"] for row in levers} == {1, torch_threads()} and all(row["img_s"] > 0 for row in levers)
+    assert isinstance(report["cpu_bf16"], list)
     assert "train_ratio" in proc.stdout and "ratio_device_vs_torchvision" in proc.stdout
 
 
@@ -51,3 +55,9 @@ def test_analytic_flops_follow_the_notes():
     assert flops_per_image(m.config, train=True) == 3 * expected
     half = ViTConfig(dim=192, depth=12, heads=3, mlp_ratio=2.0)  # the MLP's share scales with its ratio
     assert flops_per_image(half) == expected - 12 * 2 * (4 * t * d * d)
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()

@@ -202,14 +202,15 @@ def bench_data(device: torch.device, batch_size: int, workers: int, n: int) -> d
 
 
 def bench_training_step(preset: str, batch_size: int, device: torch.device, dtype: torch.dtype, steps: int,
-                        compile_model: bool) -> dict:
-    """Whole step on the device path: batch (crop+flip) → normalise → forward → loss → backward → AdamW."""
+                        compile_model: bool, config: ViTConfig | None = None) -> dict:
+    """Whole step on the device path: batch (crop+flip) → normalise → forward → loss → backward → AdamW, of
+    the preset's model (or ``config``'s, named ``preset``)."""
     from vit.device_data import DeviceBatches
     from vit.preprocessing import CIFAR10_MEAN, CIFAR10_STD, Normalize
 
     torch.manual_seed(0)
     normalize = Normalize(CIFAR10_MEAN, CIFAR10_STD).to(device)
-    model = VisionTransformer(ViTConfig(**PRESETS[preset])).to(device).train()
+    model = VisionTransformer(config or ViTConfig(**PRESETS[preset])).to(device).train()
     if compile_model:
         model.compile()
     fused = {"fused": True} if device.type == "cuda" else {}
@@ -246,6 +247,44 @@ def bench_training_step(preset: str, batch_size: int, device: torch.device, dtyp
         peak = get_available_flops(device, dtype)  # Lightning's table of dense peaks
         row["mfu"] = tflops * 1e12 / peak if peak else None
     return row
+
+
+def recipe_arch(name: str) -> ViTConfig:
+    """A recipe's architecture (its own over the default recipe's, as vit-train reads them)."""
+    import yaml
+
+    from vit import configs
+
+    arch = {}
+    for recipe in (configs.DEFAULT, name):
+        arch.update((yaml.safe_load(configs.path(recipe).read_text()).get("model") or {}).get("arch") or {})
+    return ViTConfig(**{k: v for k, v in arch.items() if k in ViTConfig.__dataclass_fields__})
+
+
+def bench_cpu_levers(batch_size: int, steps: int, rounds: int, compiled: bool) -> list[dict]:
+    """The cpu recipe's model (at full size, no token dropping), whole training steps in fp32 against bf16
+    autocast (and torch.compile when ``compiled``), with 1 thread and with every thread torch has: which of
+    the CPU's fast paths pay at that shape. Alternating rounds, the median."""
+    import statistics
+
+    config, threads = recipe_arch("cpu"), torch.get_num_threads()
+    variants = [(torch.float32, False), (torch.bfloat16, False)] + [(torch.float32, True)] * compiled
+    rows = []
+    try:
+        for n in sorted({1, threads}):
+            torch.set_num_threads(n)
+            measured = {v: [] for v in variants}
+            for _ in range(rounds):
+                for dtype, comp in variants:
+                    measured[(dtype, comp)].append(bench_training_step(
+                        "cpu recipe", batch_size, torch.device("cpu"), dtype, steps, comp, config)["img_s"])
+            for (dtype, comp), values in measured.items():
+                rows.append({"model": "cpu recipe", "threads": n, "batch_size": batch_size,
+                             "dtype": str(dtype).removeprefix("torch."), "compiled": comp,
+                             "img_s": statistics.median(values)})
+    finally:
+        torch.set_num_threads(threads)
+    return rows
 
 
 def _checkpoint(path, config: ViTConfig) -> None:
@@ -396,6 +435,11 @@ def run(args) -> dict:
         print("# whole training step (device data path + forward + backward + AdamW)")
         print(format_table(report["step"], ["preset", "batch_size", "dtype", "compiled", "img_s", "gflop_per_img",
                                             "achieved_tflops"] + (["mfu"] if device.type == "cuda" else [])))
+    if "levers" in sections:
+        report["levers"] = bench_cpu_levers(8 if quick else 128, 1 if quick else 10, rounds, args.compile)
+        print("# the cpu recipe's model, whole training step on the CPU: fp32, bf16 autocast"
+              + (", torch.compile" if args.compile else "") + "; images/s")
+        print(format_table(report["levers"], ["model", "threads", "batch_size", "dtype", "compiled", "img_s"]))
     if "classify" in sections:
         report["classify"] = bench_classify(40 if quick else args.classify_images, args.workers)
         print(f"# vit-classify throughput on generated photos of mixed sizes, images/s: "

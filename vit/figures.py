@@ -1,11 +1,11 @@
-"""README's measured figures: the runs that measure them on the machine at hand (``make figures``), the
-records they leave in ``results/``, and README's tables rendered from those records.
+"""The measured figures of README and docs/: the runs that measure them on the machine at hand (``make
+figures``), the records they leave in ``results/``, and the pages' tables rendered from those records.
 
 A plan is a list of steps; a step is one training run (``vit-train``, continued across commands of at
 most ``minutes`` each through ``--stop_after_minutes`` and ``--ckpt_path last``), several training runs
 at once (one pinned CPU core each, so that they share the machine alike), or one benchmark. Each step's
 record (the run's ``results.json``, the benchmark's JSON) is copied to ``results/<table>/<name>.json``
-with its row's label; README's blocks ``<!-- figures: TABLE -->`` … ``<!-- /figures -->`` are rendered
+with its row's label; the pages' blocks ``<!-- figures: TABLE -->`` … ``<!-- /figures -->`` are rendered
 from those files, and a row without a record says "pending".
 """
 
@@ -70,10 +70,21 @@ LEVERS = {"sincos E_pos": ("--model.pos_init", "sincos"), "linear decay": ("--mo
           "flip TTA": ("--model.tta_flip", "true")}
 
 
-def _lever_run(name: str, label: str, levers: tuple[str, ...], seed: int) -> Run:
+def _lever_run(name: str, label: str, levers: tuple[str, ...], seed: int, table: str = "cpu-levers") -> Run:
     args = tuple(a for lever in levers for a in LEVERS[lever])
-    return Run("cpu-levers", f"{name}-s{seed}", f"{label}, seed {seed}", ("--config", "cpu", "--seed_everything",
-                                                                          str(seed), *args))
+    return Run(table, f"{name}-s{seed}", f"{label}, seed {seed}", ("--config", "cpu", "--seed_everything",
+                                                                   str(seed), *args))
+
+
+# the cpu recipe's own choices at its 20 epochs, one change each (round 2's second sitting, another machine)
+SHAPE_LEVERS = {"patch drop 0.5": ("--model.arch.patch_drop", "0.5"), "MLP 4·D": ("--model.arch.mlp_ratio", "4"),
+                "Muon lr 2×": ("--model.muon_lr", "4e-3"), "batch 256": ("--data.batch_size", "256"),
+                "no label smoothing": ("--model.label_smoothing", "0")}
+LEVERS.update(SHAPE_LEVERS)
+
+
+def _shape_pair(a: tuple[str, str, tuple[str, ...]], b: tuple[str, str, tuple[str, ...]]) -> Step:
+    return Step(tuple(_lever_run(name, label, levers, 0, "cpu-shape") for name, label, levers in (a, b)))
 
 
 PLANS: dict[str, list[Step]] = {
@@ -96,6 +107,13 @@ PLANS: dict[str, list[Step]] = {
                    Step((_lever_run("all3", "+ all three", tuple(LEVERS), 1), _lever_run("cpu", "cpu recipe", (), 1))),
                    Step((_lever_run("sincos", "+ sincos E_pos", ("sincos E_pos",), 0),
                          _lever_run("linear", "+ linear decay", ("linear decay",), 0)))],
+    # the recipe's own choices, one at a time against it, seed 0, pinned in pairs
+    "cpu-shape": [_shape_pair(("cpu", "cpu recipe", ()), ("drop50", "+ patch drop 0.5", ("patch drop 0.5",))),
+                  _shape_pair(("mlp4", "+ MLP 4·D", ("MLP 4·D",)), ("muonlr", "+ Muon lr 2×", ("Muon lr 2×",))),
+                  _shape_pair(("nols", "+ no label smoothing", ("no label smoothing",)),
+                              ("b256", "+ batch 256", ("batch 256",))),
+                  Step((Benchmark("benchmark-cpu-levers", "levers", "The cpu recipe's fast paths",
+                                  ("--device", "cpu", "--sections", "levers", "--compile", "--rounds", "3")),))],
 }
 
 # --quick: every step of every plan at toy scale on CPU, on generated data
@@ -233,8 +251,9 @@ def shown_command(command: str) -> str:
 def _device(r: dict) -> str:
     if r.get("device") != r.get("cpu"):
         return f"{r['device_count']}× {r['device']}"
-    threads = r.get("torch_threads")
-    return f"{r['cpu']}, {threads} thread{'s' * (threads != 1)}" if threads else r["cpu"]
+    threads, units = r.get("torch_threads"), r.get("cpu_bf16")
+    cpu = r["cpu"] + (f" ({', '.join(units)})" if units else " (no bf16 units)" if units == [] else "")
+    return f"{cpu}, {threads} thread{'s' * (threads != 1)}" if threads else cpu
 
 
 def _provenance(path: Path, r: dict, base: Path) -> str:
@@ -295,6 +314,14 @@ def _bench_rows(r: dict) -> list[list[str]]:
         rows.append([f"whole training step, {s['preset']}, batch {s['batch_size']}, {s['dtype']}"
                      + (", compiled" if s.get("compiled") else "") + " (img/s)",
                      f"{n(s['img_s'])} ({s['achieved_tflops']:.3g} TFLOP/s{mfu})", "—", "—", "—"])
+    fp32 = {(v["threads"], v["compiled"]): v["img_s"] for v in r.get("levers", []) if v["dtype"] == "float32"}
+    for v in r.get("levers", []):
+        if v["dtype"] != "float32" or v["compiled"]:
+            what = "bf16 autocast" if v["dtype"] != "float32" else "torch.compile"
+            rows.append([f"{v['model']}'s training step, batch {v['batch_size']}, {v['threads']} thread"
+                         f"{'s' * (v['threads'] != 1)}: {what} against fp32 eager (img/s)", n(v["img_s"]),
+                         f"fp32 eager {n(fp32[(v['threads'], False)])}", f"**{v['img_s'] / fp32[(v['threads'], False)]:.2f}**",
+                         "—"])
     if "classify" in r:
         c = r["classify"]
         rows.append([f"classify {c['images']:,} photos, {c['workers']} decoding workers vs the main process (img/s)",
@@ -321,7 +348,7 @@ def render_benchmark(table: str, results_dir: Path, base: Path) -> str:
         path = results_dir / table / f"{job.name}.json"
         if not path.is_file():
             lines.append(f"*{job.label}*: pending (`{shlex.join(['scripts/benchmark.py', *job.args])}` "
-                         f"on such a machine; none was lent).\n")
+                         f"on such a machine; none was available).\n")
             continue
         r = results.read(path)
         lines.append(f"*{r.get('row', job.label)}*: {_device(r)}, torch {r['versions']['torch']}, "
@@ -333,12 +360,18 @@ def render_benchmark(table: str, results_dir: Path, base: Path) -> str:
     return "\n".join(lines)
 
 
+def pages() -> list[Path]:
+    """The pages whose figures blocks are rendered: README and docs/*.md."""
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
 def render(text: str, results_dir: Path, base: Path) -> str:
-    """README's text with every figures block rendered from the records in ``results_dir``."""
+    """A page's text (README's, a docs page's) with every figures block rendered from the records in
+    ``results_dir``, their links relative to ``base``, the page's folder."""
     def block(m: re.Match) -> str:
         table = m["table"]
         if not jobs_of(table):
-            raise FiguresError(f"README names a figures table {table!r} that no plan measures")
+            raise FiguresError(f"a page names a figures table {table!r} that no plan measures")
         body = render_benchmark(table, results_dir, base) if table.startswith("benchmark") else \
             render_runs(table, results_dir, base)
         return m.group(1) + body + m.group(4)

@@ -1,18 +1,22 @@
-"""`vit-figures` / `python scripts/figures.py` (`make figures`): measure README's figures on this machine,
-keep their records in results/, and render README's tables from them.
+"""`vit-figures` / `python scripts/figures.py` (`make figures`): measure the figures of README and docs/ on
+this machine, keep their records in results/, and render the pages' tables from them.
 
-    make figures                                    this machine's plan (cpu, or gpu where CUDA is), then README
+    make figures                                    this machine's plan (cpu, or gpu where CUDA is), then the pages
     make figures ARGS="--plan muon-horizon"         AdamW against Muon at 10 and 30 minutes (2 CPU cores)
     make figures ARGS="--plan cpu-levers"           the cpu recipe against sincos E_pos, linear decay, flip TTA
+    make figures ARGS="--plan cpu-shape"            the cpu recipe against five changes of its own choices
     make figures ARGS="--quick"                     every step of every plan at toy scale on CPU (a test runs it)
-    make figures ARGS="--render"                    only re-render README from results/
-    make figures ARGS="--check"                     exit 1 if README's tables differ from results/
+    make figures ARGS="--render"                    only re-render README and docs/ from results/
+    make figures ARGS="--check"                     exit 1 if their tables differ from results/
 
-Each command it runs ends within --minutes (a lease's limit per command): a longer training run stops at
+A row that has a record in results/ is not measured again, and a run whose folder exists (runs/figures/
+TABLE/ROW) is resumed: to measure a table again, delete both (rm -r results/cpu runs/figures/cpu).
+
+Each command it runs ends within --minutes (a rented GPU's limit per command): a longer training run stops at
 an epoch end with exit 4 and the next command continues it exactly (--ckpt_path last). With
 --max-commands N it stops after N commands (exit 4); the same make figures continues where it stopped.
 
-Exit status: 0 done; 1 a step failed (its own output says why) or README differs (--check);
+Exit status: 0 done; 1 a step failed (its own output says why) or a page differs (--check);
 2 a bad argument; 4 stopped by --max-commands: run it again to continue.
 """
 
@@ -24,19 +28,20 @@ from pathlib import Path
 
 parser = argparse.ArgumentParser(prog="vit-figures", description=__doc__.split("\n\n")[0],
                                  epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-parser.add_argument("--plan", action="append", help="cpu, gpu, muon-horizon or cpu-levers (default: gpu with CUDA, else cpu; "
+parser.add_argument("--plan", action="append", help="cpu, gpu, muon-horizon, cpu-levers or cpu-shape (default: gpu with CUDA, else cpu; "
                                                     "--quick: all); may be given several times")
 parser.add_argument("--data-root", type=Path, default=Path("data"),
                     help="the folder holding cifar-10-batches-py/ (downloaded there when missing)")
 parser.add_argument("--runs", type=Path, default=Path("runs/figures"), help="where the runs' folders go")
 parser.add_argument("--results", type=Path, default=None, help="the records' folder (default: results/ of the repository)")
-parser.add_argument("--readme", type=Path, default=None, help="the README to render (default: the repository's)")
+parser.add_argument("--readme", type=Path, default=None,
+                    help="the one page to render (default: the repository's README.md and docs/*.md)")
 parser.add_argument("--minutes", type=float, default=9.0, help="wall-clock limit of each command it runs")
 parser.add_argument("--max-commands", type=int, default=None, help="stop after this many commands (exit 4)")
 parser.add_argument("--quick", action="store_true",
                     help="toy scale on CPU, on generated data; records, data and runs under --results")
-parser.add_argument("--render", action="store_true", help="measure nothing: render README from the records")
-parser.add_argument("--check", action="store_true", help="measure nothing: exit 1 if README differs from its rendering")
+parser.add_argument("--render", action="store_true", help="measure nothing: render README and docs/ from the records")
+parser.add_argument("--check", action="store_true", help="measure nothing: exit 1 if a page differs from its rendering")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,7 +56,6 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: --plan {unknown[0]}: not a plan ({', '.join(figures.PLANS)})", file=sys.stderr)
         return 2
-    readme = args.readme or figures.REPO / "README.md"
     results_dir = args.results or figures.REPO / "results"
     if args.quick and args.results is None:
         print("error: --quick needs --results DIR (toy records never go into the repository's results/)",
@@ -71,19 +75,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[figures] stopped after {runner.commands} command(s) (--max-commands): run the same command "
                   f"again to continue", file=sys.stderr)
             return 4
-    text = readme.read_text()
-    rendered = figures.render(text, results_dir.resolve(), readme.resolve().parent)
-    if args.check:
+    pages = [args.readme] if args.readme else figures.pages()
+    stale = []
+    for page in pages:
+        text = page.read_text()
+        rendered = figures.render(text, results_dir.resolve(), page.resolve().parent)
         if rendered != text:
-            print(f"error: {readme}'s tables differ from the records in {results_dir}: "
-                  f"run `make figures ARGS=--render`", file=sys.stderr)
-            return 1
-        return 0
-    if rendered != text:
-        readme.write_text(rendered)
-        print(f"[figures] rendered {readme} from {results_dir}")
+            stale.append(page)
+            if not args.check:
+                page.write_text(rendered)
+                print(f"[figures] rendered {page} from {results_dir}")
+    if args.check and stale:
+        print(f"error: the tables of {', '.join(map(str, stale))} differ from the records in {results_dir}: "
+              f"run `make figures ARGS=--render`", file=sys.stderr)
+        return 1
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
