@@ -1,4 +1,4 @@
-"""Exit statuses as code (vit.exits): README's table is the code's, --help shows it, and a bug — ours or
+"""Exit statuses as code (vit.exits): the table in docs/training.md is the code's, --help shows it, and a bug — ours or
 a user's callback's, whatever its exception type — keeps its traceback (exit 1), never read as a bad input."""
 
 import re
@@ -12,8 +12,8 @@ from helpers import QUIET, train, train_here
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_readme_exit_table_is_the_codes():
-    text = (ROOT / "README.md").read_text()
+def test_docs_exit_table_is_the_codes():
+    text = (ROOT / "docs" / "training.md").read_text()
     block = re.search(r"<!-- exits -->\n(.*?)<!-- /exits -->", text, re.S)
     assert block and block.group(1) == exits.markdown()
     assert [e.status for e in exits.EXITS] == [0, 1, 2, 3, 4, 5, 6, 7]

@@ -23,19 +23,26 @@ def run_figures(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_readme_tables_are_the_rendering_of_the_committed_records():
-    text = (ROOT / "README.md").read_text()
-    assert figures.render(text, ROOT / "results", ROOT) == text, "run `make figures ARGS=--render`"
-    tables = set(figures.BLOCK.findall(text) and [m["table"] for m in figures.BLOCK.finditer(text)])
-    assert {"cpu", "gpu", "muon-horizon", "benchmark-cpu", "benchmark-gpu"} <= tables
+def test_the_pages_tables_are_the_rendering_of_the_committed_records():
+    """README and docs/*.md: every figures block is its records' rendering, and every record is linked from
+    a page, with each figure of its row as the record has it."""
+    pages = {page: page.read_text() for page in figures.pages()}
+    assert {page.name for page in pages} >= {"README.md", "results.md", "speed.md"}
+    tables = set()
+    for page, text in pages.items():
+        assert figures.render(text, ROOT / "results", page.parent) == text, f"{page}: run `make figures ARGS=--render`"
+        tables |= {m["table"] for m in figures.BLOCK.finditer(text)}
+    assert tables == {job.table for plan in figures.PLANS.values() for step in plan for job in step.jobs}
     records = sorted((ROOT / "results").glob("*/*.json"))
     assert len(records) >= 3
     for path in records:
         record = json.loads(path.read_text())
         assert record["commit"] and record["command"] and record["device"] and record["date"], path
-        assert f"]({path.relative_to(ROOT).as_posix()})" in text, f"{path} is not in README"
-        if "test_top1" in record:  # each figure of a run's row is in README as the record has it
-            assert f"**{record['test_top1']:.2f} %** ({record['test_top5']:.2f} %)" in text
+        (page,) = [page for page, text in pages.items()
+                   if f"]({Path(os.path.relpath(path, page.parent)).as_posix()})" in text] or [None]
+        assert page, f"{path} is linked from no page"
+        if "test_top1" in record:  # each figure of a run's row is on its page as the record has it
+            assert f"**{record['test_top1']:.2f} %** ({record['test_top5']:.2f} %)" in pages[page]
     assert run_figures("--check").returncode == 0
 
 
@@ -64,24 +71,42 @@ def test_a_row_without_a_record_is_pending_and_paths_are_not_shown(tmp_path):
         figures.render("<!-- figures: nowhere -->\n<!-- /figures -->", tmp_path, tmp_path)
 
 
-def test_quick_runs_every_step_of_every_plan_and_continues_long_runs(tmp_path):
+def quick_readme(tmp_path) -> tuple[Path, list[str]]:
     readme = tmp_path / "README.md"
     tables = dict.fromkeys(job.table for plan in figures.PLANS.values() for step in plan for job in step.jobs)
-    blocks = "".join(f"<!-- figures: {t} -->\n<!-- /figures -->\n" for t in tables)
-    readme.write_text(blocks)
-    common = ["--quick", "--results", str(tmp_path / "results"), "--readme", str(readme)]
-    # a command of 0.3 minutes: the smoke run stops after its first epoch (exit 4), and the next command
-    # continues it from its checkpoint
+    readme.write_text("".join(f"<!-- figures: {t} -->\n<!-- /figures -->\n" for t in tables))
+    return readme, ["--quick", "--results", str(tmp_path / "results"), "--readme", str(readme)]
+
+
+def test_make_figures_measures_this_machines_table_in_commands_that_continue(tmp_path):
+    """README's `make figures` (the cpu plan, at toy scale): a command of 0.3 minutes stops the smoke run
+    after its first epoch (exit 4), the same command again continues it from its checkpoint and measures the
+    rest, and once every row has its record the command measures nothing."""
+    readme, common = quick_readme(tmp_path)
     first = run_figures(*common, "--plan", "cpu", "--minutes", "0.3", "--max-commands", "1")
     assert first.returncode == 4, first.stderr[-3000:]
     assert "stopped after epoch 0, in time for --stop_after_minutes 0.3" in first.stderr
     assert "run the same command again to continue" in first.stderr
     assert not (tmp_path / "results" / "cpu").exists()
-    again = run_figures(*common)  # --quick: every plan
+    again = run_figures(*common, "--plan", "cpu")
     assert again.returncode == 0, again.stderr[-3000:]
     assert re.search(r"resuming \S+/cpu/01-smoke from its last.ckpt", again.stderr + again.stdout)  # continued
+    smoke = json.loads((tmp_path / "results" / "cpu" / "01-smoke.json").read_text())
+    assert smoke["steps"] == 2 * 400 // 50 and smoke["row"] == "smoke recipe"  # every step once
+    assert json.loads((tmp_path / "results" / "benchmark-cpu" / "cpu.json").read_text())["row"] == "CPU benchmark"
+    block = re.search(r"<!-- figures: cpu -->\n(.*?)<!-- /figures -->", readme.read_text(), re.S).group(1)
+    assert "pending" not in block and block.count("](") == 2
+    done = run_figures(*common, "--plan", "cpu")
+    assert done.returncode == 0 and "scripts/train.py" not in done.stdout and "benchmark.py" not in done.stdout
+
+
+@pytest.mark.long
+def test_quick_runs_every_step_of_every_plan(tmp_path):
+    readme, common = quick_readme(tmp_path)
+    again = run_figures(*common)  # --quick: every plan
+    assert again.returncode == 0, again.stderr[-3000:]
     pinned_jobs = sum(len(step.jobs) for plan in figures.PLANS.values() for step in plan if len(step.jobs) > 1)
-    assert len(re.findall(r"\(core [01]\)", again.stdout)) == pinned_jobs >= 6  # the sittings' pairs, a core each
+    assert len(re.findall(r"\(core [01]\)", again.stdout)) == pinned_jobs >= 6  # the experiments' pairs, a core each
     assert again.stdout.count("scripts/benchmark.py") == 1 and again.stdout.count("the --quick benchmark's report") == 2
     for plan in figures.PLANS.values():
         for step in plan:
@@ -91,8 +116,6 @@ def test_quick_runs_every_step_of_every_plan_and_continues_long_runs(tmp_path):
                 if isinstance(job, figures.Run):
                     assert record["epochs"] == 2 and 0 <= record["test_top1"] <= 100
                     assert record["recipe"] == job.args[1]
-    smoke = json.loads((tmp_path / "results" / "cpu" / "01-smoke.json").read_text())
-    assert smoke["steps"] == 2 * 400 // 50  # the continued run did every step once
     pinned = json.loads((tmp_path / "results" / "muon-horizon" / "muon-10min-s0.json").read_text())
     assert pinned["torch_threads"] == 1 and pinned["cpu_cores"] == 1
     text = readme.read_text()

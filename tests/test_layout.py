@@ -37,15 +37,33 @@ def test_the_launchers_environment_is_read_in_one_module():
     assert readers == ["vit.launch"]
 
 
-def test_readme_layout_names_files_that_exist():
-    """README's map (question → file) names each module of the package, and only files that exist."""
+def test_readme_layout_names_files_that_exist_and_define_what_it_says():
+    """README's map (question → file) names each module of the package, only files that exist, and each
+    name a row gives in backticks (`run_callbacks`, `Schedule`) is defined at the top level of its files."""
     text = (ROOT / "README.md").read_text()
-    layout = text[text.index("## Layout"):]
-    named = set(re.findall(r"`(vit/[\w/]+\.py)`", layout))
+    rows = [line for line in text[text.index("| question | file |"):].splitlines()[2:] if line.startswith("|")]
+    named = {path for row in rows for path in re.findall(r"`(vit/[\w/]+\.py)`", row)}
     missing = sorted(path for path in named if not (ROOT / path).is_file())
-    assert named and not missing, f"README's Layout names files that do not exist: {missing}"
+    assert rows and named and not missing, f"README's layout names files that do not exist: {missing}"
     modules = {f.relative_to(ROOT).as_posix() for f in (ROOT / "vit").glob("*.py") if f.name != "__init__.py"}
-    assert not modules - named, f"modules missing from README's Layout: {sorted(modules - named)}"
+    assert not modules - named, f"modules missing from README's layout: {sorted(modules - named)}"
+    for row in rows:
+        answer = row.split("|")[2]
+        defined = set().union(*(top_level_names(ROOT / p) for p in re.findall(r"`(vit/[\w/]+\.py)`", answer)))
+        claimed = set(re.findall(r"`([A-Za-z_]\w*)`", answer))
+        assert claimed <= defined, f"{answer.strip()}: {sorted(claimed - defined)} defined in none of its files"
+    assert sum(bool(re.search(r"`[A-Za-z_]\w*`", row.split("|")[2])) for row in rows) >= 10
+
+
+def top_level_names(path: Path) -> set[str]:
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            names |= {t.id for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                      if isinstance(t, ast.Name)}
+    return names
 
 
 def test_test_modules_share_through_helpers_only():

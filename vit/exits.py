@@ -1,5 +1,5 @@
 """Exit statuses of ``vit-train``, and the project's error types behind them: one table, shown by
-``vit-train --help`` and held equal to README's by a test.
+``vit-train --help`` and held equal to docs/training.md's by a test.
 
 A known bad input raises one of the ``BadInput`` types (exit 2, one line). Anything the project did not
 foresee — a bug of ours, of a user's callback or of a dataset, whatever its type — keeps its traceback
@@ -101,7 +101,7 @@ def status_of(error: BaseException) -> int | None:
 
 
 def markdown() -> str:
-    """README's exit table."""
+    """The exit table of docs/training.md."""
     rows = [f"| {e.status} | {e.meaning} | {e.resumes} |" for e in EXITS]
     return "\n".join([f"| status | meaning | {RESUME_HEADER} |", "| --- | --- | --- |", *rows]) + "\n"
 
