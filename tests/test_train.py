@@ -275,6 +275,37 @@ def test_own_image_folders_with_bad_and_rotated_files_train(tmp_path):
     assert "Traceback" not in proc.stderr and "warning: skipping" not in proc.stderr
 
 
+def test_finetune_on_own_folders_as_the_docs_say(tmp_path):
+    """docs/training.md's fine-tuning command (offline: a timm state dict) on generated folders, the recipe's
+    ViT-S shrunk to a small one with its weights: the weights are taken, the head gets the folders' classes."""
+    from safetensors.torch import save_file
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    data = tmp_path / "photos"
+    for name, colour in (("red", (200, 20, 20)), ("blue", (20, 20, 200)), ("green", (20, 200, 20))):
+        write_images(data / "train" / name, 8, colour)
+    torch.manual_seed(0)
+    timm_model = TimmViT(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=1000)
+    save_file({k: v.contiguous() for k, v in timm_model.state_dict().items()}, tmp_path / "weights.safetensors")
+    small = ["--model.arch.image_size", "32", "--model.arch.patch_size", "8", "--model.arch.dim", "32",
+             "--model.arch.depth", "1", "--model.arch.heads", "2", "--trainer.precision", "32-true",
+             "--data.batch_size", "8", "--data.num_workers", "0", "--trainer.max_epochs", "1", *QUIET]
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--config", "finetune_cifar10",
+                           "--data", "vit.data.ImageFolderDataModule", "--data.root", str(data),
+                           "--model.pretrained", str(tmp_path / "weights.safetensors"),
+                           "--model.mean", "[0.5,0.5,0.5]", "--model.std", "[0.5,0.5,0.5]", *small],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(TEST_LINE, proc.stderr + proc.stdout)
+    (best,) = (tmp_path / "runs" / "finetune_cifar10" / "version_0" / "checkpoints").glob("best-*.ckpt")
+    checkpoint = load(best)
+    assert checkpoint["vit"]["class_names"] == ["blue", "green", "red"]
+    assert checkpoint["state_dict"]["model.head.weight"].shape == (3, 32)
+    assert checkpoint["vit"]["mean"] == checkpoint["vit"]["std"] == pytest.approx([0.5, 0.5, 0.5])
+    torch.testing.assert_close(checkpoint["state_dict"]["model.cls_token"], timm_model.cls_token, rtol=0.1, atol=0.05)
+
+
 def test_help_shows_the_named_recipes_defaults():
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--config", "smoke", "--help"],
                           capture_output=True, text=True, timeout=120)
@@ -335,6 +366,7 @@ def test_without_a_gpu_the_default_is_the_cpu_recipe(tmp_path, fake_cifar_sessio
     env = dict(os.environ)
     for key in ("VIT_ASSUME_GPU", "WANDB_MODE", "WANDB_API_KEY", "WANDB_SILENT"):
         env.pop(key, None)
+    env.update(WANDB_PROJECT="cifar-vits", WANDB_ENTITY="my-team")  # docs/training.md's W&B line
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--data.root", str(fake_cifar_session),
                            "--trainer.max_time", "00:00:00:03"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -352,6 +384,8 @@ def test_without_a_gpu_the_default_is_the_cpu_recipe(tmp_path, fake_cifar_sessio
     flops = re.search(r"([\d.]+) M\s+Total Flops", out)  # the notes' count of the cpu recipe's model, not 0
     assert flops and float(flops.group(1)) == pytest.approx(flops_per_image_of_cpu_recipe() / 1e6, abs=0.1)
     assert re.search(TEST_LINE, out) and (tmp_path / "runs" / "cpu" / "version_0" / "results.json").is_file()
+    (records,) = (tmp_path / "runs" / "cpu" / "version_0" / "wandb").glob("offline-run-*/run-*.wandb")
+    assert b"cifar-vits" in records.read_bytes() and b"my-team" in records.read_bytes()
 
 
 def flops_per_image_of_cpu_recipe() -> int:

@@ -51,11 +51,14 @@ class WandbLogger(_LightningWandbLogger):
     (Lightning's ``rank_zero_experiment``), so it alone asks the network, once; the other processes never
     touch W&B."""
 
-    def __init__(self, *args, reach_timeout: float = 10.0, **kwargs):
+    def __init__(self, *args, project: str | None = None, reach_timeout: float = 10.0, **kwargs):
         """
         Args:
+            project: the W&B project; default: the environment's WANDB_PROJECT, else "vit". (The team or user
+                it goes to is W&B's default, or WANDB_ENTITY.)
             reach_timeout: seconds to wait for the W&B server's answer before logging offline.
         """
+        kwargs["project"] = project or os.environ.get("WANDB_PROJECT") or "vit"
         self.reach_timeout = reach_timeout
         mode = os.environ.get("WANDB_MODE")
         if not kwargs.get("offline") and mode is None and not wandb_credentials_present():
