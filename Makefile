@@ -12,7 +12,7 @@ SYSTEM_SITE ?=
 PIN    := $(if $(SYSTEM_SITE),,-c constraints.txt)
 FROM   := $(if $(WHEELS),--no-index --find-links $(WHEELS) --no-build-isolation,)
 
-.PHONY: install wheels train test test-cluster benchmark figures
+.PHONY: install wheels train test test-long test-cluster benchmark figures
 
 install: $(VENV)/.installed
 
@@ -30,8 +30,14 @@ wheels:
 train: install
 	$(BIN)/python scripts/train.py $(ARGS)
 
+# Every check but the multi-process ones and the long end-to-end ones (every README command runs here once)
 test: install
-	$(BIN)/python -m pytest -q --ignore=tests/cluster $(ARGS)
+	$(BIN)/python -m pytest -q --ignore=tests/cluster -m "not long" $(ARGS)
+
+# The long end-to-end checks: torch.compile's recipes (cold cache), make figures over every plan, the bf16
+# recipes (emulated where the CPU has no bf16 units). CI runs them after make test.
+test-long: install
+	$(BIN)/python -m pytest -q --ignore=tests/cluster -m long $(ARGS)
 
 # Multi-process runs: DDP with the defaults, torchrun across two "nodes", and jobs submitted to SLURM
 # (scripts/slurm/local_cluster.sh starts a one-node cluster here; without sbatch those are skipped).

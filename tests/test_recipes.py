@@ -26,7 +26,10 @@ def small_cifar(tmp_path_factory):
     return make_fake_cifar(tmp_path_factory.mktemp("small") / "data", per_batch=40, test_size=50)
 
 
-@pytest.mark.parametrize("recipe", HERE)
+FP32 = ("smoke", "cpu")  # the others are bf16-mixed: emulated, and minutes long, on CPUs without bf16 units
+
+
+@pytest.mark.parametrize("recipe", [r if r in FP32 else pytest.param(r, marks=pytest.mark.long) for r in HERE])
 def test_a_recipe_trains_a_few_steps_with_its_own_settings(recipe, tmp_path, small_cifar, monkeypatch, caplog):
     """vit-train's main() in this process (the command itself runs in test_train.py and test_compile.py)."""
     from vit.commands.train import main
