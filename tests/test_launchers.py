@@ -94,3 +94,18 @@ def test_a_run_folder_keeps_one_wandb_id_whoever_asks_first(tmp_path):
     older = tmp_path / "version_0"
     older.mkdir()
     assert runs.wandb_id(older, known="abc123") == "abc123" == runs.wandb_id(older)
+
+
+def test_new_wandb_ids_read_back_from_config_yaml_as_strings(tmp_path):
+    """A run's W&B id goes into its config.yaml, which vit-report reads back with jsonargparse's YAML loader:
+    an id of hex digits such as 65e28918 came back as a float (inf)."""
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--id", type=str)
+    for i in range(200):
+        (tmp_path / str(i)).mkdir()
+        new = runs.wandb_id(tmp_path / str(i))
+        assert len(new) == 9 and new[0].isalpha() and parser.parse_string(f"id: {new}").id == new
+    with pytest.raises(Exception, match="inf"):  # (what a hex id did)
+        parser.parse_string("id: 65e28918")

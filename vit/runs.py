@@ -33,7 +33,10 @@ def wandb_id(run: Path, known: str | None = None) -> str:
     path = run / WANDB_ID
     if not path.is_file():
         draft = run / f".{WANDB_ID}.{os.getpid()}.{secrets.token_hex(4)}"
-        draft.write_text((known or secrets.token_hex(4)) + "\n")
+        # a new id starts with a letter, so that config.yaml's readers take it back as a string (an id of
+        # hex digits such as 65e28918 read back as a float: vit-report failed on 1 run in about 25)
+        new = secrets.choice("abcdfghijklmnopqrstuvwxyz") + secrets.token_hex(4)
+        draft.write_text((known or new) + "\n")
         try:
             os.link(draft, path)  # fails if another process linked its id first
         except FileExistsError:
