@@ -30,12 +30,12 @@ wheels:
 train: install
 	$(BIN)/python scripts/train.py $(ARGS)
 
-# Every check but the multi-process ones and the long end-to-end ones (every README command runs here once)
+# Every check but the multi-process ones and the long ones (every README command runs here once)
 test: install
 	$(BIN)/python -m pytest -q --ignore=tests/cluster -m "not long" $(ARGS)
 
-# The long end-to-end checks: torch.compile's recipes (cold cache), make figures over every plan, the bf16
-# recipes (emulated where the CPU has no bf16 units). CI runs them after make test.
+# The long checks (pytest's mark "long" in pyproject.toml: torch.compile's recipes with a cold cache, make
+# figures over every plan, the bf16 recipes, ...). CI runs them after make test.
 test-long: install
 	$(BIN)/python -m pytest -q --ignore=tests/cluster -m long $(ARGS)
 

@@ -28,6 +28,7 @@ needs_compile = pytest.mark.skipif(_can_compile() is not None, reason=str(_can_c
 TINY = ["--model.arch.dim", "16", "--model.arch.depth", "2", "--model.arch.heads", "2", "--trainer.accelerator", "cpu"]
 
 
+@pytest.mark.long
 @needs_compile
 def test_compiled_and_eager_logits_agree():
     torch.manual_seed(0)

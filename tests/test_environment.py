@@ -128,6 +128,7 @@ def test_gpus_torch_cannot_use_stop_the_run_instead_of_training_on_the_cpu(tmp_p
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*.ckpt"))
 
 
+@pytest.mark.long
 def test_wandb_credentials_without_a_route_out_train_offline_after_a_short_wait(tmp_path, fake_cifar_session):
     """WANDB_API_KEY set, and a W&B server that accepts the connection and never answers (a firewall that
     drops, a proxy that hangs): after the probe's 10 s the run trains and tests as usual, logging offline

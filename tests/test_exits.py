@@ -42,6 +42,7 @@ def test_help_shows_the_exit_table(capsys):
     assert "5 the processes of a multi-process run lost each other" in out and "[same command resumes: yes]" in out
 
 
+@pytest.mark.long
 def test_a_users_callback_that_raises_mid_training_is_exit_1_with_its_traceback(tmp_path, fake_cifar_session):
     """The command as a user runs it: Python's exit 1 and the whole traceback, no error line."""
     proc = train(tmp_path, fake_cifar_session, "--trainer.callbacks+=callbacks.RaiseMidTraining",

@@ -98,6 +98,7 @@ def test_push_to_hub_uploads_the_folder(trained_checkpoint, tmp_path, monkeypatc
     assert 'timm.create_model("hf-hub:someone/vit-cifar"' in (tmp_path / "out" / "README.md").read_text()
 
 
+@pytest.mark.long
 def test_onnx_is_one_file_taking_uint8_images(trained_checkpoint, tmp_path):
     import onnx
     import onnxruntime

@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.long
 def test_wheel_carries_recipes_and_commands(tmp_path):
     source = tmp_path / "src"  # a copy: building writes build/ and *.egg-info beside the sources
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", ".venv", "runs", "data", "build", "*.egg-info",
@@ -47,6 +48,7 @@ def test_wheel_carries_recipes_and_commands(tmp_path):
     assert list(elsewhere.iterdir()) == []
 
 
+@pytest.mark.long
 def test_an_offline_node_installs_from_a_wheel_folder_and_keeps_the_environments_torch(tmp_path, fake_cifar):
     """README's cluster install: `make install WHEELS=DIR SYSTEM_SITE=1` in a venv that sees an environment's
     packages (here: this venv's, as a cluster's torch module or container would provide them, less einops),

@@ -5,6 +5,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = {".".join(f.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): f
            for f in (ROOT / "vit").rglob("*.py")}
@@ -75,6 +77,7 @@ def test_test_modules_share_through_helpers_only():
     assert not crossing, crossing
 
 
+@pytest.mark.long
 def test_importing_the_package_leaves_global_state_alone():
     """Warning filters, logging filters and PIL's settings are the program's: the commands set what they need
     when they run (vit.commands.train.quiet_third_party), no module of the package does on import."""

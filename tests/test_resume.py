@@ -11,6 +11,7 @@ from helpers import (EVERY_STEP, QUIET, TEST_LINE, assert_same_training_state, l
 
 
 
+@pytest.mark.long
 def test_a_run_killed_mid_epoch_resumes_from_its_step_checkpoint_exactly(tmp_path, fake_cifar_session):
     """kill -9 at step 5 of 8 in epoch 0, as a user runs it (progress lines, W&B offline, the test at the end):
     the step checkpoint of step 4 is on disk, `--ckpt_path last` takes it over last.ckpt, and the run ends

@@ -170,6 +170,7 @@ def test_missing_dataset_offline_is_one_clear_message(tmp_path, capsys):
     assert not (tmp_path / "runs" / "smoke" / "version_0").exists()  # no empty run folder left behind
 
 
+@pytest.mark.long
 def test_two_runs_side_by_side_never_collide(tmp_path, fake_cifar_session, caplog):
     args = ["--trainer.max_epochs", "1", "--trainer.logger", "false", "--test_after_fit", "false"]
     procs = [subprocess.Popen([sys.executable, str(ROOT / "scripts" / "train.py"), "--config", "smoke",
@@ -191,6 +192,7 @@ def test_two_runs_side_by_side_never_collide(tmp_path, fake_cifar_session, caplo
     assert load(runs[1] / "checkpoints" / "last.ckpt")["epoch"] == 0
 
 
+@pytest.mark.long
 def test_nothing_is_written_to_the_working_directory(tmp_path, fake_cifar_session):
     elsewhere, cwd = tmp_path / "elsewhere", tmp_path / "cwd"
     cwd.mkdir()
@@ -314,6 +316,7 @@ def test_help_shows_the_named_recipes_defaults():
     assert "finetune_cifar10, smoke, vit_cifar10, vit_cifar10_fast, vit_tiny_cifar10" in " ".join(proc.stdout.split())
 
 
+@pytest.mark.long
 def test_a_run_leaves_figures_drawn_from_its_logged_metrics(smoke_run, fake_cifar_session):
     from PIL import Image
 
@@ -341,6 +344,7 @@ def test_a_run_leaves_figures_drawn_from_its_logged_metrics(smoke_run, fake_cifa
     assert all((run / name).is_file() for name in (report.CURVES, report.CONFUSION, report.EXAMPLES))
 
 
+@pytest.mark.long
 def test_time_budget_schedule_ends_at_min_lr(tmp_path, fake_cifar_session, caplog):
     """max_time cuts the run wherever it is: the cosine, laid over the budget, is at min_lr by then, and
     the resize stages end at their shares of the budget (one line at each switch)."""
