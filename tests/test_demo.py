@@ -78,6 +78,7 @@ def test_an_exported_folder_shows_its_recorded_accuracy(trained_checkpoint, tmp_
     assert (top1 is None and "not measured" in card) or f"**{top1:.2f} %** test top-1" in card
 
 
+@pytest.mark.long
 def test_without_gradio_or_with_a_bad_checkpoint_it_says_so(tmp_path, monkeypatch, capsys):
     from vit.commands.demo import main
 

@@ -78,10 +78,25 @@ def quick_readme(tmp_path) -> tuple[Path, list[str]]:
     return readme, ["--quick", "--results", str(tmp_path / "results"), "--readme", str(readme)]
 
 
-def test_make_figures_measures_this_machines_table_in_commands_that_continue(tmp_path):
-    """README's `make figures` (the cpu plan, at toy scale): a command of 0.3 minutes stops the smoke run
-    after its first epoch (exit 4), the same command again continues it from its checkpoint and measures the
-    rest, and once every row has its record the command measures nothing."""
+def test_make_figures_measures_this_machines_table_and_then_measures_nothing(tmp_path):
+    """README's `make figures` (the cpu plan, at toy scale): it measures every row of this machine's table and
+    renders it; once every row has its record, the same command measures nothing."""
+    readme, common = quick_readme(tmp_path)
+    first = run_figures(*common, "--plan", "cpu")
+    assert first.returncode == 0, first.stderr[-3000:]
+    smoke = json.loads((tmp_path / "results" / "cpu" / "01-smoke.json").read_text())
+    assert smoke["steps"] == 2 * 400 // 50 and smoke["row"] == "smoke recipe"
+    assert json.loads((tmp_path / "results" / "benchmark-cpu" / "cpu.json").read_text())["row"] == "CPU benchmark"
+    block = re.search(r"<!-- figures: cpu -->\n(.*?)<!-- /figures -->", readme.read_text(), re.S).group(1)
+    assert "pending" not in block and block.count("](") == 2
+    again = run_figures(*common, "--plan", "cpu")
+    assert again.returncode == 0 and "scripts/train.py" not in again.stdout and "benchmark.py" not in again.stdout
+
+
+@pytest.mark.long
+def test_a_long_run_is_measured_in_commands_that_continue_it(tmp_path):
+    """A command of 0.3 minutes stops the smoke run after its first epoch (exit 4); the same command again
+    continues it from its checkpoint, and the run does every step once."""
     readme, common = quick_readme(tmp_path)
     first = run_figures(*common, "--plan", "cpu", "--minutes", "0.3", "--max-commands", "1")
     assert first.returncode == 4, first.stderr[-3000:]
@@ -92,12 +107,7 @@ def test_make_figures_measures_this_machines_table_in_commands_that_continue(tmp
     assert again.returncode == 0, again.stderr[-3000:]
     assert re.search(r"resuming \S+/cpu/01-smoke from its last.ckpt", again.stderr + again.stdout)  # continued
     smoke = json.loads((tmp_path / "results" / "cpu" / "01-smoke.json").read_text())
-    assert smoke["steps"] == 2 * 400 // 50 and smoke["row"] == "smoke recipe"  # every step once
-    assert json.loads((tmp_path / "results" / "benchmark-cpu" / "cpu.json").read_text())["row"] == "CPU benchmark"
-    block = re.search(r"<!-- figures: cpu -->\n(.*?)<!-- /figures -->", readme.read_text(), re.S).group(1)
-    assert "pending" not in block and block.count("](") == 2
-    done = run_figures(*common, "--plan", "cpu")
-    assert done.returncode == 0 and "scripts/train.py" not in done.stdout and "benchmark.py" not in done.stdout
+    assert smoke["steps"] == 2 * 400 // 50  # every step once
 
 
 @pytest.mark.long

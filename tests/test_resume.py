@@ -58,7 +58,7 @@ SOURCES = {
 }
 
 
-@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("source", [pytest.param(s, marks=pytest.mark.long) if s == "cifar-workers" else s for s in SOURCES])
 def test_resume_from_an_epoch_end_and_from_mid_epoch_is_exact_whichever_is_on(source, tmp_path, fake_cifar_session,
                                                                                monkeypatch, caplog):
     """vit-train's main() in this process (4 runs each). The interrupted run stops after epoch 0 (last.ckpt),
