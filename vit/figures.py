@@ -83,8 +83,15 @@ SHAPE_LEVERS = {"patch drop 0.5": ("--model.arch.patch_drop", "0.5"), "MLP 4·D"
 LEVERS.update(SHAPE_LEVERS)
 
 
-def _shape_pair(a: tuple[str, str, tuple[str, ...]], b: tuple[str, str, tuple[str, ...]]) -> Step:
-    return Step(tuple(_lever_run(name, label, levers, 0, "cpu-shape") for name, label, levers in (a, b)))
+def _shape_pair(a: tuple[str, str, tuple[str, ...]], b: tuple[str, str, tuple[str, ...]], table: str = "cpu-shape",
+                seed: int = 0) -> Step:
+    return Step(tuple(_lever_run(name, label, levers, seed, table) for name, label, levers in (a, b)))
+
+
+# mimetic initialisation at two scales, with Muon (the cpu recipe's) and with AdamW (round 2's third sitting)
+LEVERS.update({"mimetic 0.7/0.4": ("--model.mimetic", "[0.7, 0.7, 0.4, 0.4]"),
+               "mimetic 0.3/0.2": ("--model.mimetic", "[0.3, 0.3, 0.2, 0.2]"),
+               "AdamW": ("--model.optimizer", "adamw")})
 
 
 PLANS: dict[str, list[Step]] = {
@@ -114,6 +121,15 @@ PLANS: dict[str, list[Step]] = {
                               ("b256", "+ batch 256", ("batch 256",))),
                   Step((Benchmark("benchmark-cpu-levers", "levers", "The cpu recipe's fast paths",
                                   ("--device", "cpu", "--sections", "levers", "--compile", "--rounds", "3")),))],
+    # mimetic initialisation's scales with either optimizer, and the seed-0 winner of cpu-shape again with seed 1
+    "cpu-mimetic": [_shape_pair(("cpu", "cpu recipe", ()), ("mim7-adamw", "+ mimetic 0.7/0.4, AdamW",
+                                                              ("mimetic 0.7/0.4", "AdamW")), "cpu-mimetic"),
+                    _shape_pair(("mim3", "+ mimetic 0.3/0.2", ("mimetic 0.3/0.2",)), ("adamw", "+ AdamW", ("AdamW",)),
+                                "cpu-mimetic"),
+                    _shape_pair(("mim3-adamw", "+ mimetic 0.3/0.2, AdamW", ("mimetic 0.3/0.2", "AdamW")),
+                                ("mim7", "+ mimetic 0.7/0.4", ("mimetic 0.7/0.4",)), "cpu-mimetic"),
+                    _shape_pair(("nols", "+ no label smoothing", ("no label smoothing",)), ("cpu", "cpu recipe", ()),
+                                "cpu-mimetic", seed=1)],
 }
 
 # --quick: every step of every plan at toy scale on CPU, on generated data

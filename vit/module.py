@@ -14,7 +14,7 @@ from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from vit.exits import ConfigError
-from vit.model import ViTConfig, VisionTransformer, flops_per_image, load_pretrained
+from vit.model import ViTConfig, VisionTransformer, flops_per_image, load_pretrained, mimetic_init_
 from vit.preprocessing import CIFAR10_MEAN, CIFAR10_STD, Metadata, Normalize
 from vit import schedule
 from vit.schedule import Schedule, check_stages, shared_clock
@@ -51,6 +51,7 @@ class ViTClassifier(L.LightningModule):
         pos_init: Literal["normal", "sincos"] = "normal",
         decay: Literal["cosine", "linear"] = "cosine",
         tta_flip: bool = False,
+        mimetic: tuple[float, float, float, float] | None = None,
     ):
         """
         Args:
@@ -97,6 +98,8 @@ class ViTClassifier(L.LightningModule):
                 robust under a time budget: Li et al., "Budgeted training", ICLR 2020); either over the run's
                 steps or its time budget (vit.schedule).
             tta_flip: evaluate (validation, test) on each image and its mirror image, averaging the logits.
+            mimetic: start each attention layer from the mimetic initialisation (vit.model.mimetic_init_, Trockman
+                & Kolter 2023) with scales [α1, β1, α2, β2] (theirs: [0.7, 0.7, 0.4, 0.4]); None: timm's.
         """
         super().__init__()
         arch = ViTConfig(**arch) if isinstance(arch, dict) else arch  # a checkpoint stores it as a dict
@@ -116,6 +119,8 @@ class ViTClassifier(L.LightningModule):
             with torch.no_grad():
                 self.model.pos_embedding[0, 0].zero_()  # [cls]
                 self.model.pos_embedding[0, 1:] = build_sincos2d_pos_embed([grid, grid], arch.dim)
+        if mimetic is not None:
+            mimetic_init_(self.model, *mimetic)
         self.ema = None
         if ema_decay is not None:
             from timm.utils import ModelEmaV3
