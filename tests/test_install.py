@@ -96,3 +96,27 @@ def test_an_offline_node_installs_from_a_wheel_folder_and_keeps_the_environments
                          env={**env, "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
     assert run.returncode == 0, run.stderr[-3000:]
     assert "test on 200 images" in run.stderr
+
+
+@pytest.mark.long
+def test_time_suite_times_make_test_in_a_fresh_clone_and_writes_its_record(tmp_path):
+    """docs/development.md's command for the suite's time: a clone of the commit, its own install, `make test`
+    (here one test file), a record with the machine, the commit, the command and the seconds."""
+    import json
+    import os
+
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout: the script clones commits")
+    usage = subprocess.run(["bash", str(ROOT / "scripts" / "time_suite.sh"), "HEAD"], capture_output=True, text=True)
+    assert usage.returncode == 2 and "usage: bash scripts/time_suite.sh ROUNDS COMMIT..." in usage.stderr
+    run = subprocess.run(["bash", str(ROOT / "scripts" / "time_suite.sh"), "1", "HEAD"], capture_output=True, text=True,
+                         env={**os.environ, "RESULTS": str(tmp_path), "ARGS": "tests/test_layout.py -k import_cycles"},
+                         timeout=1200)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    (path,) = tmp_path.glob("*.json")
+    record = json.loads(path.read_text())
+    assert path.name == f"{head.stdout.strip()}-r1.json" and record["commit"] == head.stdout.strip()
+    assert record["exit_status"] == 0 and record["summary"].startswith("1 passed") and 0 < record["wall_seconds"] < 600
+    assert record["command"] == "make test ARGS='-p no:cacheprovider tests/test_layout.py -k import_cycles'"
+    assert record["cpu"] and record["cpu_cores"] >= 1
