@@ -151,3 +151,12 @@ def test_each_recipe_header_states_its_measured_figure_as_readme_does():
             assert f"results/{job.table}/{job.name}.json" in header, recipe
         else:
             assert "# Measured: pending" in header, recipe
+
+
+def test_help_names_every_plan_and_how_to_run_it():
+    from vit.commands.figures import parser
+
+    text = parser.format_help()
+    for plan in figures.PLANS:
+        assert plan in parser._option_string_actions["--plan"].help  # noqa: SLF001 (argparse's own table)
+        assert plan in ("cpu", "gpu") or f'make figures ARGS="--plan {plan}"' in text

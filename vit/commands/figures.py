@@ -6,6 +6,7 @@ this machine, keep their records in results/, and render the pages' tables from 
     make figures ARGS="--plan cpu-levers"           the cpu recipe against sincos E_pos, linear decay, flip TTA
     make figures ARGS="--plan cpu-shape"            the cpu recipe against five changes of its own choices
     make figures ARGS="--plan cpu-mimetic"          mimetic initialisation at two scales, with Muon and AdamW
+    make figures ARGS="--plan cpu-regularisation"   no weight decay, an EMA, the warmup's length
     make figures ARGS="--quick"                     every step of every plan at toy scale on CPU (a test runs it)
     make figures ARGS="--render"                    only re-render README and docs/ from results/
     make figures ARGS="--check"                     exit 1 if their tables differ from results/
@@ -29,8 +30,9 @@ from pathlib import Path
 
 parser = argparse.ArgumentParser(prog="vit-figures", description=__doc__.split("\n\n")[0],
                                  epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-parser.add_argument("--plan", action="append", help="cpu, gpu, muon-horizon, cpu-levers, cpu-shape or cpu-mimetic (default: gpu with CUDA, else cpu; "
-                                                    "--quick: all); may be given several times")
+parser.add_argument("--plan", action="append",
+                    help="cpu, gpu, muon-horizon, cpu-levers, cpu-shape, cpu-mimetic or cpu-regularisation (default: "
+                         "gpu with CUDA, else cpu; --quick: all); may be given several times")
 parser.add_argument("--data-root", type=Path, default=Path("data"),
                     help="the folder holding cifar-10-batches-py/ (downloaded there when missing)")
 parser.add_argument("--runs", type=Path, default=Path("runs/figures"), help="where the runs' folders go")
