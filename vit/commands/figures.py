@@ -28,11 +28,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from vit.figures import PLANS
+
 parser = argparse.ArgumentParser(prog="vit-figures", description=__doc__.split("\n\n")[0],
                                  epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--plan", action="append",
-                    help="cpu, gpu, muon-horizon, cpu-levers, cpu-shape, cpu-mimetic or cpu-regularisation (default: "
-                         "gpu with CUDA, else cpu; --quick: all); may be given several times")
+                    help=f"one of {', '.join(PLANS)} (default: gpu with CUDA, else cpu; --quick: all); may be given "
+                         "several times")
 parser.add_argument("--data-root", type=Path, default=Path("data"),
                     help="the folder holding cifar-10-batches-py/ (downloaded there when missing)")
 parser.add_argument("--runs", type=Path, default=Path("runs/figures"), help="where the runs' folders go")
