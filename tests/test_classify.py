@@ -109,6 +109,17 @@ def test_probabilities_match_validation_preprocessing(trained_checkpoint, fake_c
         expected = model(image[None]).softmax(-1)[0]
     for p in preds:
         assert p["probability"] == pytest.approx(expected[ckpt["vit"]["class_names"].index(p["label"])].item(), abs=1e-4)
+    # --tta-flip: what validation and test give with --model.tta_flip, and not the plain probabilities
+    proc = run_here("classify.py", "--checkpoint", trained_checkpoint, tmp_path / "val0.png", "--json", "--top-k", "10",
+                    "--tta-flip")
+    flipped = json.loads(proc.stdout)[0]["predictions"]
+    model.hparams.tta_flip = True
+    with torch.no_grad():
+        expected_tta = model(image[None]).softmax(-1)[0]
+    assert not torch.allclose(expected, expected_tta, atol=1e-3)
+    for p in flipped:
+        assert p["probability"] == pytest.approx(expected_tta[ckpt["vit"]["class_names"].index(p["label"])].item(),
+                                                 abs=1e-4)
 
 
 class _Exploit:

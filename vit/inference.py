@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 from vit.checkpoints import CheckpointError, read_checkpoint
 from vit.images import ImageError, load_image
 from vit.model import VisionTransformer
-from vit.preprocessing import Metadata, resize
+from vit.preprocessing import Metadata, flip_averaged, resize
 
 
 class Classifier:
@@ -38,9 +38,11 @@ class Classifier:
         return resize(image, self.meta.config.image_size)
 
     @torch.inference_mode()
-    def probabilities(self, batch: torch.Tensor) -> torch.Tensor:
-        """uint8 B×3×S×S (from ``preprocess``) → B×K class probabilities."""
-        return self.model(self.normalize(batch.to(self.normalize.mean.device))).float().softmax(-1)
+    def probabilities(self, batch: torch.Tensor, tta_flip: bool = False) -> torch.Tensor:
+        """uint8 B×3×S×S (from ``preprocess``) → B×K class probabilities; with ``tta_flip``, from the mean of
+        each image's and its mirror image's logits (vit.preprocessing.flip_averaged)."""
+        x = self.normalize(batch.to(self.normalize.mean.device))
+        return (flip_averaged(self.model, x) if tta_flip else self.model(x)).float().softmax(-1)
 
 
 def add_checkpoint_argument(parser) -> None:
@@ -128,12 +130,12 @@ def _collate(samples):
 
 
 def classify_files(clf: Classifier, paths: list[Path], top_k: int, batch_size: int = 64, workers: int = 0,
-                   progress=None) -> list[dict]:
+                   progress=None, tta_flip: bool = False) -> list[dict]:
     """Per file, in the input order: ``{"image": path, "predictions": [{"label", "probability"}, ...]}`` (the
     top ``top_k``, probabilities rounded to 4 places), or ``{"image": path, "error": why}`` for a file that
     cannot be read. Files are decoded and resized in ``workers`` DataLoader processes (0: this one) and
     classified in batches; with a worker on every core the model keeps one thread (restored after), so that
-    they do not fight. ``progress(done, errors)`` is called after each batch."""
+    they do not fight. ``progress(done, errors)`` is called after each batch; ``tta_flip``: see probabilities."""
     import os
 
     results = [{"image": str(p)} for p in paths]
@@ -147,7 +149,7 @@ def classify_files(clf: Classifier, paths: list[Path], top_k: int, batch_size: i
             for i, error in errors:
                 results[i]["error"] = error
             if images is not None:
-                top_p, top_i = clf.probabilities(images).topk(top_k, dim=-1)
+                top_p, top_i = clf.probabilities(images, tta_flip).topk(top_k, dim=-1)
                 for i, ps, idx in zip(indices, top_p.tolist(), top_i.tolist()):
                     results[i]["predictions"] = [{"label": clf.class_names[c], "probability": round(p, 4)}
                                                  for p, c in zip(ps, idx)]

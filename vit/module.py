@@ -15,7 +15,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from vit.exits import ConfigError
 from vit.model import ViTConfig, VisionTransformer, flops_per_image, load_pretrained, mimetic_init_
-from vit.preprocessing import CIFAR10_MEAN, CIFAR10_STD, Metadata, Normalize
+from vit.preprocessing import CIFAR10_MEAN, CIFAR10_STD, Metadata, Normalize, flip_averaged
 from vit import schedule
 from vit.schedule import Schedule, check_stages, shared_clock
 
@@ -170,9 +170,7 @@ class ViTClassifier(L.LightningModule):
         """uint8 images → logits of the evaluated weights, normalised as the checkpoint says (vit.preprocessing);
         with tta_flip, the mean of the image's and its mirror image's logits."""
         x = self.normalize(images)
-        if self.hparams.get("tta_flip"):
-            return (self.eval_model(x) + self.eval_model(x.flip(-1))) / 2
-        return self.eval_model(x)
+        return flip_averaged(self.eval_model, x) if self.hparams.get("tta_flip") else self.eval_model(x)
 
     @property
     def flops_per_batch(self) -> int:

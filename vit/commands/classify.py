@@ -35,6 +35,8 @@ def parse_args(argv):
     p.add_argument("--output", type=Path, help="also write the results to FILE.csv or FILE.json")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--tta-flip", action="store_true",
+                   help="average each image's and its mirror image's logits (as --model.tta_flip in validation and test)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                    help="processes that decode and resize images (default: the CPU count; 0: this process)")
     args = p.parse_args(argv)
@@ -81,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                 bar.write(f"{paths[i]}: error: {error}", file=sys.stderr)
             bar.update(done)
 
-        results = classify_files(clf, paths, k, args.batch_size, workers, progress)
+        results = classify_files(clf, paths, k, args.batch_size, workers, progress, args.tta_flip)
 
     if args.json:
         print(json.dumps(results, indent=2))
