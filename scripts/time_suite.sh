@@ -19,12 +19,12 @@ for round in $(seq 1 "$rounds"); do
   for c in "${order[@]}"; do
     clone="$work/$c-r$round"
     git clone -q "$repo" "$clone" && git -C "$clone" checkout -q "$c"
-    make -C "$clone" install >/dev/null
+    make -C "$clone" install >"$work/install.log" 2>&1 || { cat "$work/install.log" >&2; exit 1; }
     start=$(date +%s.%N)
     status=0
     TORCHINDUCTOR_CACHE_DIR="$clone/.inductor" make -C "$clone" test ARGS="$args" >"$clone/test.log" 2>&1 || status=$?
     end=$(date +%s.%N)
-    summary="$(tail -n 1 "$clone/test.log" | tr -d '=' | sed 's/^ *//')"
+    summary="$(grep -E '[0-9]+ (passed|failed)' "$clone/test.log" | tail -n 1 | tr -d '=' | sed 's/^ *//; s/ *$//')"
     python3 - "$results/$c-r$round.json" "$c" "$round" "$start" "$end" "$status" "$summary" "$args" <<'EOF'
 import json, os, platform, sys
 from datetime import datetime, timezone
