@@ -103,11 +103,18 @@ def test_a_long_run_is_measured_in_commands_that_continue_it(tmp_path):
     assert "stopped after epoch 0, in time for --stop_after_minutes 0.3" in first.stderr
     assert "run the same command again to continue" in first.stderr
     assert not (tmp_path / "results" / "cpu").exists()
+    import torch
+
+    (last,) = tmp_path.glob("results/.quick/runs/cpu/01-smoke/checkpoints/last.ckpt")
+    first_clock = next(v for k, v in torch.load(last, weights_only=True)["callbacks"].items() if k.startswith("TrainingClock"))
     again = run_figures(*common, "--plan", "cpu")
     assert again.returncode == 0, again.stderr[-3000:]
     assert re.search(r"resuming \S+/cpu/01-smoke from its last.ckpt", again.stderr + again.stdout)  # continued
     smoke = json.loads((tmp_path / "results" / "cpu" / "01-smoke.json").read_text())
     assert smoke["steps"] == 2 * 400 // 50  # every step once
+    # the record's wall time is both commands': the first's to its checkpoint, and at least the second's training
+    assert first_clock["wall_seconds"] > first_clock["training_seconds"] > 0
+    assert smoke["wall_seconds"] > first_clock["wall_seconds"] + smoke["training_seconds"] - first_clock["training_seconds"]
 
 
 @pytest.mark.long

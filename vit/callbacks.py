@@ -14,17 +14,20 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
+from vit.guards import wall_seconds
 from vit.loggers import wandb_logger
 
 
 class TrainingClock(L.Callback):
     """The run's training time and progress, carried across resumes in every checkpoint: seconds inside
     ``fit`` (its training and validation epochs, not start-up or the test), optimizer steps, epochs (a
-    fraction when a time budget ends one mid-way) and training images seen. The record's figures, and
-    the clock that TimeToAccuracy reads."""
+    fraction when a time budget ends one mid-way), training images seen, and the wall time of the
+    commands the run took (start-up included; each earlier command counted to its last checkpoint). The
+    record's figures, and the clock that TimeToAccuracy reads."""
 
     def __init__(self):
-        self.before = {"training_seconds": 0.0, "train_images": 0}  # of the attempts this run resumed from
+        # of the attempts this run resumed from
+        self.before = {"training_seconds": 0.0, "train_images": 0, "wall_seconds": 0.0}
         self.started = self.stopped = None
         self.trainer = None
 
@@ -51,10 +54,11 @@ class TrainingClock(L.Callback):
         images = self.before["train_images"] + (trainer.global_step - self.first_step) * self.global_batch
         return {"training_seconds": round(seconds, 3), "train_images": images, "steps": trainer.global_step,
                 "epochs": round(trainer.global_step / per_epoch, 2),
-                "train_images_per_second": round(images / seconds, 1) if seconds > 0 else None}
+                "train_images_per_second": round(images / seconds, 1) if seconds > 0 else None,
+                "wall_seconds": round(self.before["wall_seconds"] + wall_seconds(), 1)}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.before = {**self.before, **state_dict}
+        self.before = {**self.before, **state_dict}  # (a checkpoint without wall_seconds: 0 before this command)
 
     @staticmethod
     def of(checkpoint: dict) -> dict:

@@ -143,7 +143,8 @@ def record_run(trainer, module, mode: str, argv: list[str], ckpt: str | None, me
         accelerator=module.device.type, devices=trainer.world_size, metrics=metrics,
         checkpoint=ckpt and os.path.relpath(ckpt, run), best_val_acc=round(100 * best.item(), 2) if torch.isfinite(best) else None,
         epochs=clock.get("epochs"), steps=clock.get("steps"), training_seconds=clock.get("training_seconds"),
-        wall_seconds=round(guards.wall_seconds(), 1),
+        # fit: every command the run took (TrainingClock); test: this command
+        wall_seconds=clock.get("wall_seconds") if mode == "fit" else round(guards.wall_seconds(), 1),
         train_images_per_second=clock.get("train_images_per_second"),
         **({"time_to_val_acc": {f"{t:.2f}": round(s, 1) for t, s in reached.items()}} if reached is not None else {}))
     path = write(run, record, None if mode == "fit" else Path(ckpt).stem)
