@@ -33,12 +33,12 @@ def test_the_suite_timing_table_is_its_records():
     page = (ROOT / "docs" / "development.md").read_text()
     table = page.split("<!-- suite-timing -->")[1].split("<!-- /suite-timing -->")[0]
     records = sorted((ROOT / "results" / "suite").glob("*.json"))
-    assert records, "no record of the suite's time"
+    if not records:
+        assert "Pending" in table
     for path in records:
         record = json.loads(path.read_text())
         row = next((line for line in table.splitlines() if f"(../results/suite/{path.name})" in line), None)
         assert row is not None, f"{path.name} has no row"
-        assert f"{record['wall_seconds']:.0f} s" in row and record["exit_status"] == 0, row
-        if "passed" in record["summary"]:  # (the script's first records kept make's last line instead)
-            assert record["summary"].split(" in ")[0] in row, row
+        assert f"{record['wall_seconds']:.0f} s" in row and record["summary"].split(" in ")[0] in row, row
+        assert record["exit_status"] == 0 and "failed" not in record["summary"], row
     assert table.count("../results/suite/") == len(records)
