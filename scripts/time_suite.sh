@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 out, commit, rnd, start, end, status, summary, args = sys.argv[1:]
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.machine())
 record = {"row": f"make test at {commit}, round {rnd}", "command": f"make test ARGS='{args}'",
-          "commit": commit, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu": cpu,
+          "commit": commit, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": cpu, "cpu": cpu,
           "cpu_cores": len(os.sched_getaffinity(0)), "exit_status": int(status),
           "wall_seconds": round(float(end) - float(start), 1), "summary": summary}
 json.dump(record, open(out, "w"), indent=2)
