@@ -133,6 +133,8 @@ def test_quick_runs_every_step_of_every_plan(tmp_path):
             for job in step.jobs:
                 record = json.loads((tmp_path / "results" / job.table / f"{job.name}.json").read_text())
                 assert record["row"] == job.label and record["commit"]
+                if getattr(job, "commit", None):  # run from its own checkout: its code made the record
+                    assert record["commit"].startswith(job.commit) and record["dirty"] is False
                 if isinstance(job, figures.Run):
                     assert record["epochs"] == 2 and 0 <= record["test_top1"] <= 100
                     assert record["recipe"] == job.args[1]

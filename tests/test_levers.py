@@ -93,6 +93,32 @@ def test_muon_takes_exactly_the_blocks_matrices():
     assert len(muon["params"]) + len(decay["params"]) + len(rest["params"]) == len(list(module.model.parameters()))
 
 
+def test_muon_runs_newton_schulz_in_the_dtype_asked_and_leaves_timm_as_it_was():
+    """The step's update is timm's Newton–Schulz in float32 (not its bfloat16 default), timm's function is
+    restored after the step, and "auto" is float32 on a CPU, bfloat16 on a GPU."""
+    import timm.optim.muon as timm_muon
+
+    from vit.optim import Muon, ns_dtype
+
+    assert ns_dtype("auto", torch.device("cpu")) == torch.float32
+    assert ns_dtype("auto", torch.device("cuda")) == torch.bfloat16 and ns_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
+    torch.manual_seed(0)
+    grad = torch.randn(48, 16)
+    updates = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        weight = torch.nn.Parameter(torch.zeros(48, 16))
+        weight.grad = grad.clone()
+        before = timm_muon.zeropower_via_newtonschulz
+        Muon([weight], lr=1.0, momentum=0.0, ns_dtype=dtype, adjust_lr_fn=None).step()
+        assert timm_muon.zeropower_via_newtonschulz is before
+        updates[dtype] = -weight.detach()
+    expected = timm_muon.zeropower_via_newtonschulz(grad, 5, timm_muon.resolve_ns_coefficients("quintic", timm_muon._COEFFICIENTS),
+                                                    dtype=torch.float32)
+    torch.testing.assert_close(updates[torch.float32], expected, rtol=0, atol=1e-6)
+    # bfloat16's update differs from float32's by its rounding (8 bits of mantissa), far above float32's
+    assert (updates[torch.bfloat16] - expected).abs().max() > 1e-3
+
+
 def test_a_progressive_resizing_checkpoint_classifies_at_full_size(lever_run, tmp_path, capsys):
     """classify on the run's last checkpoint: a 32-px image and a larger one, both through the full-size
     model, with the probabilities the in-process 32-px forward gives."""

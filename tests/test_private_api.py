@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def private_uses() -> set[tuple[str, str]]:
-    """(file, name) of every ``._name`` this package reads that it does not define itself."""
+    """(file, name) of every ``._name`` this package reads that it does not define itself, and every global of
+    another library's module that it assigns."""
     files = sorted(f for f in (ROOT / "vit").rglob("*.py") if f.name != "private_api.py")
     trees = {f.relative_to(ROOT).as_posix(): ast.parse(f.read_text()) for f in files}
     ours = {n.name for t in trees.values() for n in ast.walk(t) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
@@ -29,6 +30,15 @@ def private_uses() -> set[tuple[str, str]]:
                 found.add((name, n.args[1].value))
             if isinstance(n, ast.ImportFrom) and n.module and ".overrides" in n.module:
                 found.add((name, n.module))
+        # a library module's global that we replace (`import timm.optim.muon as m; m.f = ...`)
+        modules = {a.asname or a.name: a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+                   if not a.name.startswith("vit")}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Assign):
+                for target in n.targets:
+                    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
+                            and target.value.id in modules:
+                        found.add((name, f"{modules[target.value.id]}.{target.attr}"))
     return found
 
 

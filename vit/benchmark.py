@@ -202,19 +202,27 @@ def bench_data(device: torch.device, batch_size: int, workers: int, n: int) -> d
 
 
 def bench_training_step(preset: str, batch_size: int, device: torch.device, dtype: torch.dtype, steps: int,
-                        compile_model: bool, config: ViTConfig | None = None) -> dict:
-    """Whole step on the device path: batch (crop+flip) → normalise → forward → loss → backward → AdamW, of
-    the preset's model (or ``config``'s, named ``preset``)."""
+                        compile_model: bool, config: ViTConfig | None = None, muon_ns: torch.dtype | None = None) -> dict:
+    """Whole step on the device path: batch (crop+flip) → normalise → forward → loss → backward → AdamW (or,
+    with ``muon_ns``, the recipe's Muon with its Newton–Schulz iteration in that dtype), of the preset's model
+    (or ``config``'s, named ``preset``)."""
     from vit.device_data import DeviceBatches
+    from vit.module import ViTClassifier
     from vit.preprocessing import CIFAR10_MEAN, CIFAR10_STD, Normalize
 
     torch.manual_seed(0)
     normalize = Normalize(CIFAR10_MEAN, CIFAR10_STD).to(device)
-    model = VisionTransformer(config or ViTConfig(**PRESETS[preset])).to(device).train()
+    module = ViTClassifier(arch=config or ViTConfig(**PRESETS[preset]), optimizer="muon" if muon_ns else "adamw")
+    model = module.model.to(device).train()
     if compile_model:
         model.compile()
     fused = {"fused": True} if device.type == "cuda" else {}
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **fused)
+    if muon_ns:
+        from vit.optim import Muon
+
+        opt = Muon(module.param_groups(1e-4, 1e-4), lr=1e-4, weight_decay=0.05, ns_dtype=muon_ns)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **fused)
     n = batch_size * (steps + 3)
     images = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, device=device)
     labels = torch.randint(0, 10, (n,), device=device)
@@ -239,7 +247,8 @@ def bench_training_step(preset: str, batch_size: int, device: torch.device, dtyp
     img_s = batch_size * steps / (time.perf_counter() - start)
     tflops = flops_per_image(model.config, train=True) * img_s / 1e12
     row = {"preset": preset, "batch_size": batch_size, "dtype": str(dtype).removeprefix("torch."),
-           "compiled": compile_model, "img_s": img_s, "gflop_per_img": flops_per_image(model.config, True) / 1e9,
+           "compiled": compile_model, "optimizer": f"muon, NS {str(muon_ns).removeprefix('torch.')}" if muon_ns else "adamw",
+           "img_s": img_s, "gflop_per_img": flops_per_image(model.config, True) / 1e9,
            "achieved_tflops": tflops}
     if device.type == "cuda":
         from lightning.fabric.utilities.throughput import get_available_flops
@@ -263,25 +272,27 @@ def recipe_arch(name: str) -> ViTConfig:
 
 def bench_cpu_levers(batch_size: int, steps: int, rounds: int, compiled: bool) -> list[dict]:
     """The cpu recipe's model (at full size, no token dropping), whole training steps in fp32 against bf16
-    autocast (and torch.compile when ``compiled``), with 1 thread and with every thread torch has: which of
+    autocast (and torch.compile when ``compiled``), with AdamW, and with the recipe's Muon, its Newton–Schulz
+    iteration in bfloat16 (timm's) and in float32; with 1 thread and with every thread torch has: which of
     the CPU's fast paths pay at that shape. Alternating rounds, the median."""
     import statistics
 
     config, threads = recipe_arch("cpu"), torch.get_num_threads()
-    variants = [(torch.float32, False), (torch.bfloat16, False)] + [(torch.float32, True)] * compiled
+    variants = [(torch.float32, False, None), (torch.bfloat16, False, None)] + [(torch.float32, True, None)] * compiled
+    variants += [(torch.float32, False, torch.bfloat16), (torch.float32, False, torch.float32)]
     rows = []
     try:
         for n in sorted({1, threads}):
             torch.set_num_threads(n)
             measured = {v: [] for v in variants}
             for _ in range(rounds):
-                for dtype, comp in variants:
-                    measured[(dtype, comp)].append(bench_training_step(
-                        "cpu recipe", batch_size, torch.device("cpu"), dtype, steps, comp, config)["img_s"])
-            for (dtype, comp), values in measured.items():
+                for dtype, comp, ns in variants:
+                    measured[(dtype, comp, ns)].append(bench_training_step(
+                        "cpu recipe", batch_size, torch.device("cpu"), dtype, steps, comp, config, ns))
+            for values in measured.values():
                 rows.append({"model": "cpu recipe", "threads": n, "batch_size": batch_size,
-                             "dtype": str(dtype).removeprefix("torch."), "compiled": comp,
-                             "img_s": statistics.median(values)})
+                             **{k: values[0][k] for k in ("dtype", "compiled", "optimizer")},
+                             "img_s": statistics.median(v["img_s"] for v in values)})
     finally:
         torch.set_num_threads(threads)
     return rows
@@ -439,7 +450,8 @@ def run(args) -> dict:
         report["levers"] = bench_cpu_levers(8 if quick else 128, 1 if quick else 10, rounds, args.compile)
         print("# the cpu recipe's model, whole training step on the CPU: fp32, bf16 autocast"
               + (", torch.compile" if args.compile else "") + "; images/s")
-        print(format_table(report["levers"], ["model", "threads", "batch_size", "dtype", "compiled", "img_s"]))
+        print(format_table(report["levers"], ["model", "threads", "batch_size", "dtype", "compiled", "optimizer",
+                                              "img_s"]))
     if "classify" in sections:
         report["classify"] = bench_classify(40 if quick else args.classify_images, args.workers)
         print(f"# vit-classify throughput on generated photos of mixed sizes, images/s: "

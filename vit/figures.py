@@ -33,12 +33,14 @@ class FiguresError(RuntimeError):
 
 @dataclass(frozen=True)
 class Run:
-    """One training run: ``vit-train`` with ``args``; its record becomes the row ``label`` of ``table``."""
+    """One training run: ``vit-train`` with ``args``; its record becomes the row ``label`` of ``table``.
+    ``commit``: run that commit of this repository instead, from a clone of its own (its code, its recipes)."""
 
     table: str
     name: str
     label: str
     args: tuple[str, ...]
+    commit: str | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,16 @@ LEVERS.update({"mimetic 0.7/0.4": ("--model.mimetic", "[0.7, 0.7, 0.4, 0.4]"),
                "mimetic 0.3/0.2": ("--model.mimetic", "[0.3, 0.3, 0.2, 0.2]"),
                "AdamW": ("--model.optimizer", "adamw")})
 
+# Muon's Newton–Schulz iteration in timm's bfloat16 (emulated, slow, on a CPU without bf16 units) against the
+# recipe's float32 on a CPU
+LEVERS.update({"Newton–Schulz in bfloat16": ("--model.muon_ns_dtype", "bfloat16")})
+BASELINE = "2f47865"  # round 2's baseline: the cpu recipe of that commit, run from its own checkout
+
+
+def _baseline_run(seed: int) -> Run:
+    return Run("cpu-round2", f"{BASELINE}-s{seed}", f"cpu recipe of {BASELINE} (its checkout), seed {seed}",
+               ("--config", "cpu", "--seed_everything", str(seed)), commit=BASELINE)
+
 
 PLANS: dict[str, list[Step]] = {
     # make figures on a machine without a GPU
@@ -147,6 +159,15 @@ PLANS: dict[str, list[Step]] = {
         # then the first pairs' winner again with seed 1, and a longer warmup still
         _shape_pair(("warm3", "+ warmup 3 epochs", ("warmup 3 epochs",)), ("warm5", "+ warmup 5 epochs", ("warmup 5 epochs",)),
                     "cpu-regularisation", seed=1)],
+    # round 2 decided: the cpu recipe against 2f47865's (run from its own checkout), 2 seeds, pinned in pairs with
+    # the cores alternating; then the Newton–Schulz lever alone (both seeds), and its images/s
+    "cpu-round2": [
+        Step((_baseline_run(0), _lever_run("cpu", "cpu recipe", (), 0, "cpu-round2"))),
+        Step((_lever_run("cpu", "cpu recipe", (), 1, "cpu-round2"), _baseline_run(1))),
+        Step((_lever_run("nsbf16", "+ Newton–Schulz in bfloat16 (timm's)", ("Newton–Schulz in bfloat16",), 0, "cpu-round2"),
+              _lever_run("nsbf16", "+ Newton–Schulz in bfloat16 (timm's)", ("Newton–Schulz in bfloat16",), 1, "cpu-round2"))),
+        Step((Benchmark("benchmark-cpu-levers", "levers-muon", "The cpu recipe's fast paths, with Muon",
+                        ("--device", "cpu", "--sections", "levers", "--compile", "--rounds", "3")),))],
 }
 
 # --quick: every step of every plan at toy scale on CPU, on generated data
@@ -178,8 +199,24 @@ class Runner:
     def record_path(self, job: Run | Benchmark) -> Path:
         return self.results_dir / job.table / f"{job.name}.json"
 
+    def tree(self, job: Run) -> Path:
+        """Where the job's code is: this checkout, or a clone of the job's commit under the runs folder."""
+        if job.commit is None:
+            return REPO
+        tree = self.runs_root / "checkouts" / job.commit[:7]
+        if not tree.is_dir():
+            if subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{job.commit}^{{commit}}"]).returncode:
+                raise FiguresError(f"{job.table}/{job.name} runs commit {job.commit}, which this clone does not have "
+                                   "(a shallow clone? `git fetch --unshallow` brings it)")
+            subprocess.run(["git", "clone", "--quiet", "--shared", "--no-checkout", str(REPO), str(tree)], check=True)
+            subprocess.run(["git", "-C", str(tree), "checkout", "--quiet", "--detach", job.commit], check=True)
+            # its recipes as its package (pyproject's package-dir maps configs/ to vit.configs), so that
+            # PYTHONPATH=tree imports its vit and its recipes, never this checkout's (an untracked link)
+            (tree / "vit" / "configs").symlink_to(Path("..") / "configs")
+        return tree
+
     def train_command(self, job: Run) -> list[str]:
-        return [sys.executable, str(REPO / "scripts" / "train.py"), *job.args, "--data.root", str(self.data_root),
+        return [sys.executable, str(self.tree(job) / "scripts" / "train.py"), *job.args, "--data.root", str(self.data_root),
                 "--trainer.default_root_dir", str(self.runs_root / job.table), "--run", job.name,
                 "--ckpt_path", "last", "--stop_after_minutes", f"{self.minutes:g}",
                 *(QUICK_TRAIN if self.quick else ())]
@@ -212,8 +249,10 @@ class Runner:
             command = self.train_command(job)
             print(f"[figures] {shlex.join(command[1:])}" + (f"   (core {core})" if pinned else ""), flush=True)
             env = {**os.environ, **({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"} if pinned else {})}
+            if job.commit:  # its own package first (before this checkout's installed one)
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.tree(job)), env.get("PYTHONPATH")]))
             affinity = (lambda c=core: os.sched_setaffinity(0, {c})) if pinned else None
-            procs.append(subprocess.Popen(command, env=env, preexec_fn=affinity, cwd=REPO))
+            procs.append(subprocess.Popen(command, env=env, preexec_fn=affinity, cwd=self.tree(job)))
         return [p.wait() for p in procs]
 
     def benchmark(self, job: Benchmark) -> None:
@@ -347,9 +386,18 @@ def _bench_rows(r: dict) -> list[list[str]]:
         rows.append([f"whole training step, {s['preset']}, batch {s['batch_size']}, {s['dtype']}"
                      + (", compiled" if s.get("compiled") else "") + " (img/s)",
                      f"{n(s['img_s'])} ({s['achieved_tflops']:.3g} TFLOP/s{mfu})", "—", "—", "—"])
-    fp32 = {(v["threads"], v["compiled"]): v["img_s"] for v in r.get("levers", []) if v["dtype"] == "float32"}
-    for v in r.get("levers", []):
-        if v["dtype"] != "float32" or v["compiled"]:
+    levers = r.get("levers", [])
+    fp32 = {(v["threads"], v["compiled"]): v["img_s"] for v in levers
+            if v["dtype"] == "float32" and v.get("optimizer", "adamw") == "adamw"}
+    muon = {(v["threads"], v["optimizer"]): v["img_s"] for v in levers if v.get("optimizer", "adamw") != "adamw"}
+    for (threads, optimizer), img_s in muon.items():
+        if optimizer == "muon, NS float32":
+            timms = muon[(threads, "muon, NS bfloat16")]
+            rows.append([f"{levers[0]['model']}'s training step with Muon, batch {levers[0]['batch_size']}, {threads} "
+                         f"thread{'s' * (threads != 1)}: Newton–Schulz in float32 against bfloat16 (timm's) (img/s)",
+                         n(img_s), f"bfloat16 {n(timms)}", f"**{img_s / timms:.2f}**", "—"])
+    for v in levers:
+        if v.get("optimizer", "adamw") == "adamw" and (v["dtype"] != "float32" or v["compiled"]):
             what = "bf16 autocast" if v["dtype"] != "float32" else "torch.compile"
             rows.append([f"{v['model']}'s training step, batch {v['batch_size']}, {v['threads']} thread"
                          f"{'s' * (v['threads'] != 1)}: {what} against fp32 eager (img/s)", n(v["img_s"]),

@@ -36,6 +36,7 @@ class ViTClassifier(L.LightningModule):
         betas: tuple[float, float] = (0.9, 0.999),
         optimizer: Literal["adamw", "muon"] = "adamw",
         muon_lr: PositiveFloat | None = None,
+        muon_ns_dtype: Literal["auto", "bfloat16", "float32"] = "auto",
         ema_decay: OpenUnitInterval | None = None,
         resize_stages: tuple[tuple[PositiveInt, OpenUnitInterval], ...] = (),
         warmup_epochs: NonNegativeFloat = 5.0,
@@ -69,6 +70,8 @@ class ViTClassifier(L.LightningModule):
             muon_lr: Muon's peak learning rate, for a global batch of lr_batch_size (scaled as lr);
                 default: lr itself, which timm's Muon makes comparable (its update is scaled to
                 AdamW's RMS, "match_rms_adamw").
+            muon_ns_dtype: the precision of Muon's Newton–Schulz iteration (vit.optim): "auto" is bfloat16 on a
+                GPU (timm's) and float32 on a CPU, where bfloat16 is emulated on most CPUs and slow.
             ema_decay: keep an exponential moving average of the weights (timm's ModelEmaV3, with its
                 warmup: the decay at step t is min(ema_decay, 1 − (1 + t)^−2/3), so a short run does not
                 average in its random start); validation, test, classify and export then use the EMA
@@ -263,11 +266,14 @@ class ViTClassifier(L.LightningModule):
         rank_zero_info(f"global batch {global_batch}{split}: lr {hp.lr:g} × {global_batch}/{hp.lr_batch_size} = {lr:g}; "
                        f"{self.schedule.warmup} warmup steps, then {hp.get('decay', 'cosine')} to {hp.min_lr:g} at {length}")
         if hp.optimizer == "muon":
-            from timm.optim import Muon
+            from vit.optim import Muon, ns_dtype
 
             muon_lr = (hp.muon_lr or hp.lr) * global_batch / hp.lr_batch_size
+            dtype = ns_dtype(hp.muon_ns_dtype, self.device)
+            rank_zero_info(f"Muon for the blocks' matrices (lr {muon_lr:g}), its Newton–Schulz iteration in "
+                           f"{str(dtype).removeprefix('torch.')}")
             optimizer = Muon(self.param_groups(lr, muon_lr), lr=muon_lr, weight_decay=hp.weight_decay,
-                             betas=tuple(hp.betas))
+                             betas=tuple(hp.betas), ns_dtype=dtype)
         else:
             fused = self.device.type == "cuda"
             optimizer = create_optimizer_v2(self.model, "adamw", lr=lr, weight_decay=hp.weight_decay,

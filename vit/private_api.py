@@ -32,6 +32,9 @@ PRIVATE_USES = (
     ("vit/cifar.py", "_Pickler", "write_fake pickles bytes as Python 2's str, as the official CIFAR-10 files are "
      "(so that our reader and torchvision's both read them); only the pure-Python pickler lets a type's "
      "opcode be chosen (its dispatch table), the C pickler has no such hook"),
+    ("vit/optim.py", "timm.optim.muon.zeropower_via_newtonschulz", "Muon's Newton–Schulz iteration in float32 on a "
+     "CPU (bfloat16 is emulated there, and slow): timm's Muon calls this module function with its bfloat16 default "
+     "and no argument of Muon passes a dtype, so its step swaps the module's function for one with the dtype given"),
     ("vit/benchmark.py", "_check_integrity", "the benchmark's torchvision CIFAR10 reads generated files whose md5s "
      "are not the official ones (with _load_meta, overridden); benchmark only"),
 )
