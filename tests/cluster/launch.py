@@ -8,6 +8,7 @@ import os
 import pty
 import re
 import select
+import shlex
 import shutil
 import struct
 import subprocess
@@ -111,6 +112,46 @@ def in_terminal(cmd: list[str], cwd: Path, env: dict, timeout: float) -> tuple[i
         proc.wait()
     os.close(master)
     return code, b"".join(chunks).decode(errors="replace"), time.monotonic() - start
+
+
+def run_together(cmds: list[list[str]], cwd: Path, env: dict, timeout: float) -> tuple[list[int | None], str]:
+    """Start ``cmds`` at once, each in a session of its own, and wait for all of them (at most ``timeout`` s in
+    all). Returns their exit statuses and their output (stdout and stderr), in order. A command still running at
+    ``timeout`` is a hang: every process of its session (Lightning's rank 1, torchrun's workers) gets SIGABRT,
+    on which Python's faulthandler (PYTHONFAULTHANDLER) prints each thread's stack to the output, then SIGKILL;
+    its status is None, and the output says where each process was."""
+    import signal
+    import threading
+
+    env = {**env, "PYTHONFAULTHANDLER": "1"}
+    procs = [subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, start_new_session=True) for cmd in cmds]
+    outs: list[list[bytes]] = [[] for _ in procs]
+    readers = [threading.Thread(target=lambda p=p, o=o: o.extend(iter(lambda: p.stdout.read1(65536), b"")), daemon=True)
+               for p, o in zip(procs, outs)]
+    for reader in readers:
+        reader.start()
+    deadline, codes = time.monotonic() + timeout, []
+    for proc in procs:
+        try:
+            codes.append(proc.wait(timeout=max(0.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            codes.append(None)
+    for proc, code in zip(procs, codes):
+        if code is None:
+            for sig, grace in ((signal.SIGABRT, 10), (signal.SIGKILL, 0)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                time.sleep(grace)
+            proc.wait()
+    for reader in readers:
+        reader.join(timeout=10)
+    texts = [b"".join(o).decode(errors="replace") for o in outs]
+    heads = [f"still running after {timeout:.0f} s: the stacks of its processes follow (SIGABRT)" if code is None
+             else f"exit {code}" for code in codes]
+    return codes, "".join(f"--- {shlex.join(map(str, cmd))}: {head}\n{text}" for cmd, head, text in zip(cmds, heads, texts))
 
 
 def max_abs_diff(a: dict, b: dict) -> float:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch import DATA_ARGS, ROOT, in_terminal, max_abs_diff, user_env
+from launch import DATA_ARGS, ROOT, in_terminal, max_abs_diff, run_together, user_env
 from helpers import TEST_LINE, best_val_acc, load
 
 TRAIN = [str(ROOT / "scripts" / "train.py"), "--config", "smoke", *DATA_ARGS]
@@ -104,19 +104,11 @@ def test_torchrun_across_two_nodes_gives_one_run(tmp_path, fake_cifar_session):
         silent.listen(8)
         env = user_env(WANDB_API_KEY="0123456789abcdef0123456789abcdef01234567",
                        WANDB_BASE_URL=f"http://127.0.0.1:{silent.getsockname()[1]}")
-        procs = [subprocess.Popen([str(torchrun), "--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "1",
-                                   "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id",
-                                   "pair", *TRAIN, "--data.root", str(fake_cifar_session), "--trainer.max_epochs", "2",
-                                   "--trainer.accelerator", "cpu"],
-                                  cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                 for rank in (0, 1)]
-        try:
-            outs = [p.communicate(timeout=300)[0] for p in procs]
-        finally:
-            for p in procs:
-                p.kill()
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2000:] for o in outs)
-    out = "".join(outs)
+        codes, out = run_together([[str(torchrun), "--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "1",
+                                    "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id",
+                                    "pair", *TRAIN, "--data.root", str(fake_cifar_session), "--trainer.max_epochs", "2",
+                                    "--trainer.accelerator", "cpu"] for rank in (0, 1)], tmp_path, env, timeout=300)
+    assert codes == [0, 0], out[-6000:]
     run = tmp_path / "runs" / "smoke" / "torchrun-pair"
     assert [p.name for p in run.parent.iterdir()] == ["torchrun-pair"]
     assert "torchrun pair: 1 process(es) per node on 2 node(s) (the allocation's; the recipe's num_nodes 1 " \
@@ -135,20 +127,20 @@ def test_torchrun_restarts_a_killed_worker_and_the_group_ends_exact(tmp_path, fa
     group's weights."""
     torchrun = Path(sys.executable).with_name("torchrun")
 
-    def group(name: str, *extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(torchrun), "--nnodes", "1", "--nproc-per-node", "2", "--max-restarts", "1",
-                               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-                               "--rdzv-id", name, *TRAIN, "--data.root", str(fake_cifar_session),
-                               "--data.batch_size", "50", "--trainer.max_epochs", "2", "--trainer.accelerator", "cpu",
-                               "--ckpt_path", "last", "--step_checkpoint_minutes", "0.0001", *extra],
-                              cwd=tmp_path, env=user_env(), capture_output=True, text=True, timeout=400)
+    def group(name: str, *extra: str) -> tuple[int | None, str]:
+        (code,), out = run_together([[str(torchrun), "--nnodes", "1", "--nproc-per-node", "2", "--max-restarts", "1",
+                                      "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+                                      "--rdzv-id", name, *TRAIN, "--data.root", str(fake_cifar_session),
+                                      "--data.batch_size", "50", "--trainer.max_epochs", "2", "--trainer.accelerator",
+                                      "cpu", "--ckpt_path", "last", "--step_checkpoint_minutes", "0.0001", *extra]],
+                                    tmp_path, user_env(), timeout=400)
+        return code, out
 
-    whole = group("whole")
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    killed = group("killed", "--trainer.callbacks+=callbacks.CrashAtStep", "--trainer.callbacks.step", "5",
-                   "--trainer.callbacks.rank", "1")
-    out = killed.stdout + killed.stderr
-    assert killed.returncode == 0, out[-4000:]
+    code, out = group("whole")
+    assert code == 0, out[-4000:]
+    code, out = group("killed", "--trainer.callbacks+=callbacks.CrashAtStep", "--trainer.callbacks.step", "5",
+                      "--trainer.callbacks.rank", "1")
+    assert code == 0, out[-4000:]
     assert re.search(r"exitcode\s*:\s*-9", out) and "resuming runs/smoke/torchrun-killed from its step.ckpt" in out, \
         out[-4000:]
     runs = tmp_path / "runs" / "smoke"
@@ -180,7 +172,8 @@ def test_more_processes_train_the_same_run(tmp_path, fake_cifar_session):
     does a one-process run killed mid-epoch and resumed on DDP × 2 (a requeue onto another allocation)."""
     common = [*TRAIN, "--data.root", str(fake_cifar_session), "--trainer.max_epochs", "2",
               "--trainer.accelerator", "cpu", "--trainer.logger", "false", "--test_after_fit", "false",
-              "--data.num_workers", "2", "--trainer.callbacks+=callbacks.RecordBatches"]
+              "--data.num_workers", "2", "--trainer.callbacks+=callbacks.RecordBatches",
+              "--ddp_timeout", "120"]  # a collective that hangs ends the run with its message within the test's time
     torchrun, port = Path(sys.executable).with_name("torchrun"), free_port()
     launches = {
         "version_0": [[sys.executable, *common, "--run", "version_0"]],
@@ -191,29 +184,22 @@ def test_more_processes_train_the_same_run(tmp_path, fake_cifar_session):
     }
     outs = {}
     for name, cmds in launches.items():
-        procs = [subprocess.Popen(cmd, cwd=tmp_path, env=user_env(), stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True) for cmd in cmds]
-        try:
-            outs[name] = "".join(p.communicate(timeout=300)[0] for p in procs)
-        finally:
-            for p in procs:
-                p.kill()
-        assert all(p.returncode == 0 for p in procs), outs[name][-3000:]
+        codes, outs[name] = run_together(cmds, tmp_path, user_env(), timeout=300)
+        assert codes == [0] * len(cmds), outs[name][-6000:]
     assert "global batch 50 = 2 processes × 25: lr" in outs["ddp"] and "global batch 50: lr" in outs["version_0"]
     runs = tmp_path / "runs" / "smoke"
     # a requeue onto another allocation: one process killed at step 5 of 14 (its step checkpoint: step 4),
     # resumed on DDP × 2 from the same global position
-    killed = subprocess.run([sys.executable, *common, "--run", "moved", "--step_checkpoint_minutes", "0.0001",
-                             "--trainer.callbacks+=callbacks.CrashAtStep", "--trainer.callbacks.step", "5"],
-                            cwd=tmp_path, env=user_env(), capture_output=True, text=True, timeout=300)
-    assert killed.returncode == -9, killed.stderr[-3000:]
+    (code,), out = run_together([[sys.executable, *common, "--run", "moved", "--step_checkpoint_minutes", "0.0001",
+                                  "--trainer.callbacks+=callbacks.CrashAtStep", "--trainer.callbacks.step", "5"]],
+                                tmp_path, user_env(), timeout=300)
+    assert code == -9, out[-3000:]
     (runs / "moved" / "batches.0").unlink()  # the killed attempt's record: the resumed one is compared
-    moved = subprocess.run([sys.executable, *common, "--run", "moved", "--ckpt_path", "last", "--trainer.devices", "2",
-                            "--trainer.strategy", "ddp"], cwd=tmp_path, env=user_env(), capture_output=True, text=True,
-                           timeout=300)
-    assert moved.returncode == 0, moved.stderr[-3000:]
-    assert "resuming runs/smoke/moved from its step.ckpt" in moved.stderr
-    assert "resumed on 2 process(es) from a checkpoint of 1: the data continues at the same image" in moved.stderr
+    (code,), out = run_together([[sys.executable, *common, "--run", "moved", "--ckpt_path", "last", "--trainer.devices",
+                                  "2", "--trainer.strategy", "ddp"]], tmp_path, user_env(), timeout=300)
+    assert code == 0, out[-6000:]
+    assert "resuming runs/smoke/moved from its step.ckpt" in out
+    assert "resumed on 2 process(es) from a checkpoint of 1: the data continues at the same image" in out
     one = steps_seen(runs / "version_0")
     assert steps_seen(runs / "moved") == {step: images for step, images in one.items() if step >= 4}
     assert sorted(one) == list(range(14)) and all(len(images) == 50 for images in one.values())
