@@ -249,10 +249,11 @@ class Runner:
             command = self.train_command(job)
             print(f"[figures] {shlex.join(command[1:])}" + (f"   (core {core})" if pinned else ""), flush=True)
             env = {**os.environ, **({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"} if pinned else {})}
+            tree = self.tree(job)
             if job.commit:  # its own package first (before this checkout's installed one)
-                env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.tree(job)), env.get("PYTHONPATH")]))
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), env.get("PYTHONPATH")]))
             affinity = (lambda c=core: os.sched_setaffinity(0, {c})) if pinned else None
-            procs.append(subprocess.Popen(command, env=env, preexec_fn=affinity, cwd=self.tree(job)))
+            procs.append(subprocess.Popen(command, env=env, preexec_fn=affinity, cwd=tree))
         return [p.wait() for p in procs]
 
     def benchmark(self, job: Benchmark) -> None:

@@ -8,15 +8,12 @@ docs/results.md). On a GPU bfloat16 is the fast path, and timm's choice stays.
 from __future__ import annotations
 
 import functools
-from typing import Literal
 
 import timm.optim.muon as timm_muon
 import torch
 
-NSDtype = Literal["auto", "bfloat16", "float32"]
 
-
-def ns_dtype(choice: NSDtype, device: torch.device) -> torch.dtype:
+def ns_dtype(choice: str, device: torch.device) -> torch.dtype:
     """The iteration's dtype: ``choice``, or for "auto" bfloat16 on a GPU and float32 on a CPU. The rule reads
     the device's type alone, so every process of a run chooses alike (its updates must agree)."""
     if choice == "auto":
