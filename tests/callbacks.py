@@ -53,6 +53,23 @@ class StallRank(L.Callback):
             time.sleep(self.seconds)
 
 
+class StopDataWorkers(L.Callback):
+    """At step ``step``, every DataLoader worker of this process stops (SIGSTOP): alive, and never answering
+    again, as a worker stuck on a lock its fork copied mid-use."""
+
+    def __init__(self, step: int = 2):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            import multiprocessing
+            import os
+            import signal
+
+            for worker in multiprocessing.active_children():
+                os.kill(worker.pid, signal.SIGSTOP)
+
+
 class RaiseMidTraining(L.Callback):
     """A user's callback with a bug: raises ``error`` (a built-in exception type's name) at step 2."""
 

@@ -39,7 +39,44 @@ def test_help_shows_the_exit_table(capsys):
     assert stop.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "exit status (the same command: with --ckpt_path last, as train.sbatch runs it): 0 done 1 a bug" in out
-    assert "5 the processes of a multi-process run lost each other" in out and "[same command resumes: yes]" in out
+    assert "5 a process is stuck or the processes of a multi-process run lost each other" in out
+    assert "[same command resumes: yes]" in out
+
+
+def test_a_stuck_data_worker_ends_the_run_with_exit_5_and_where_it_was(tmp_path, fake_cifar_session):
+    """One process, the settings a user gets but --ddp_timeout 10: its data loader's workers stop answering
+    at step 2 (SIGSTOP). No batch comes; after 10 s the process prints one line and each thread's stack
+    (the main thread waits in the DataLoader) and exits 5, instead of waiting forever."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from helpers import ROOT, TESTS, smoke_argv
+
+    cmd = [sys.executable, str(ROOT / "scripts" / "train.py"),
+           *smoke_argv(fake_cifar_session, ("--data.num_workers", "2", "--ddp_timeout", "10", "--trainer.logger",
+                                            "false", "--trainer.callbacks+=callbacks.StopDataWorkers"), quiet=False)]
+    env = {**os.environ, "PYTHONPATH": str(TESTS), "PYTHONUNBUFFERED": "1"}
+    start = time.monotonic()
+    with open(tmp_path / "err.txt", "w") as log:  # (a file: the stopped workers would hold a pipe open)
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=log,
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=240)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)  # the stopped workers, orphaned
+    seconds = time.monotonic() - start
+    err = (tmp_path / "err.txt").read_text()
+    assert proc.returncode == 5, err[-3000:]
+    (line,) = [line for line in err.splitlines() if line.startswith("error:")]
+    assert line.startswith("error: process 0: no batch started or finished in 10 s: it is stuck"), line
+    assert "Resume with --ckpt_path last" in line
+    (main_thread,) = [block for block in err.split("\n\n") if 'scripts/train.py", line' in block]
+    assert "torch/utils/data/dataloader.py" in main_thread and "in _get_data" in main_thread, err[-3000:]
+    assert "Traceback" not in err
+    assert seconds < 200
 
 
 @pytest.mark.long
@@ -59,6 +96,7 @@ def test_a_users_callback_that_raises_mid_training_is_a_bug_main_does_not_catch(
                                                                                 capsys):
     """Whatever the built-in type, vit-train's main() lets it through with its traceback (this process)."""
     import builtins
+    import threading
     import traceback
 
     with pytest.raises(getattr(builtins, error), match="a bug in the user's callback") as raised:
@@ -66,6 +104,9 @@ def test_a_users_callback_that_raises_mid_training_is_a_bug_main_does_not_catch(
                    f"--trainer.callbacks.error={error}", "--trainer.logger", "false")
     (frame, *_) = reversed(traceback.extract_tb(raised.tb))
     assert frame.name == "on_train_batch_end" and frame.filename.endswith("callbacks.py")
+    for thread in [t for t in threading.enumerate() if t.name == "vit-watchdog"]:  # disarmed by the exception
+        thread.join(timeout=5)
+        assert not thread.is_alive()
     assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
 
 

@@ -10,6 +10,9 @@ from vit.private_api import PRIVATE_USES
 ROOT = Path(__file__).resolve().parents[1]
 
 
+STDLIB_PUBLIC = {"_exit"}  # os._exit: documented public API of Python's os module, despite its underscore
+
+
 def private_uses() -> set[tuple[str, str]]:
     """(file, name) of every ``._name`` this package reads that it does not define itself, and every global of
     another library's module that it assigns."""
@@ -23,7 +26,7 @@ def private_uses() -> set[tuple[str, str]]:
     for name, tree in trees.items():
         for n in ast.walk(tree):
             if isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__") \
-                    and n.attr not in ours:
+                    and n.attr not in ours and n.attr not in STDLIB_PUBLIC:
                 found.add((name, n.attr))
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "getattr" \
                     and isinstance(n.args[1], ast.Constant) and str(n.args[1].value).startswith("_"):

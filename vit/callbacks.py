@@ -185,9 +185,10 @@ class WandbRunId(L.Callback):
 
 
 def run_callbacks(trainer: dict, configured: list, step_checkpoint_minutes: float | None,
-                  stop_after_minutes: float | None) -> list[L.Callback]:
+                  stop_after_minutes: float | None, stuck_seconds: float) -> list[L.Callback]:
     """Every run's own callbacks, attached here and nowhere else (a recipe lists only what it chooses:
-    checkpoints, throughput, W&B media, time to accuracy): exact resume (epoch seeds), the divergence
+    checkpoints, throughput, W&B media, time to accuracy): the watchdog (a process with no batch in
+    ``stuck_seconds`` ends), exact resume (epoch seeds), the divergence
     and preemption stops (looked at every log_every_n_steps steps), the run's clock and record, the
     learning rate in the logs, --stop_after_minutes, the rolling step checkpoint and each process's RNG
     states in checkpoints (exact mid-epoch resume, vit.resume), the W&B run's id in checkpoints, and
@@ -199,14 +200,15 @@ def run_callbacks(trainer: dict, configured: list, step_checkpoint_minutes: floa
     from lightning.pytorch.callbacks import ProgressBar as LightningProgressBar
 
     from vit import runs
-    from vit.guards import StopAfterMinutes, StopOnNonFinite, StopOnSignal
+    from vit.guards import StopAfterMinutes, StopOnNonFinite, StopOnSignal, Watchdog
     from vit.progress import ModelSummary, ProgressBar
     from vit.resume import RNGStates, StepCheckpoint
     from vit.seeding import EpochSeed
 
     every = trainer.get("log_every_n_steps") or 50
     # StopOnSignal after the clock: its checkpoint of the stop step holds that step's count
-    callbacks = [EpochSeed(), RNGStates(), StopOnNonFinite(every), TrainingClock(), StopOnSignal(every), WandbRunId()]
+    callbacks = [Watchdog(stuck_seconds), EpochSeed(), RNGStates(), StopOnNonFinite(every), TrainingClock(),
+                 StopOnSignal(every), WandbRunId()]
     if trainer.get("logger", True) not in (False, []):
         callbacks.append(LearningRateMonitor("step"))
     if trainer.get("enable_progress_bar") is not False and \

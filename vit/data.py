@@ -179,6 +179,12 @@ class ImageDataModule(L.LightningDataModule):
     # Validation and test under DDP: each process reads its own share of the images, every image once
     # (Lightning's DistributedSampler would pad the shares to equal length with repeated images,
     # Lightning #2398; the synced metrics then sum the shares exactly).
+    # Workers persist across epochs, as timm's loaders' do: forked once per loader, not every epoch. A fork
+    # copies only the thread that forks, and under DDP the process has others (gloo's, NCCL's, the
+    # launcher's); each fork is a chance to copy a lock one of them held (Python 3.12 warns of it). The
+    # workers' base seed comes from a generator of the loader's own, not from the process's RNG: a loader
+    # starts its workers once per run, and a resumed run starts them at another epoch than the run it
+    # continues, so draws from the process's RNG would shift every later draw (dropout, mixing).
     def _loader(self, dataset, train: bool, collate_fn=None) -> DataLoader:
         trainer = self.trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
@@ -193,7 +199,8 @@ class ImageDataModule(L.LightningDataModule):
         else:
             sampler = None
         return DataLoader(dataset, batch_size=batch, drop_last=train, sampler=sampler,
-                          num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
+                          generator=torch.Generator().manual_seed(self.seed), pin_memory=torch.cuda.is_available(),
                           collate_fn=collate_fn)
 
     def train_dataloader(self):

@@ -49,7 +49,8 @@ class Preempted(Stopped):
 
 
 class LostProcesses(RuntimeError):
-    """The processes of a multi-process run lost each other: a collective timed out or a peer died (exit 5)."""
+    """The processes of a multi-process run lost each other: a collective timed out or a peer died (exit 5).
+    A stuck process ends with the same status (vit.guards.Watchdog)."""
 
 
 class StorageFull(RuntimeError):
@@ -82,8 +83,10 @@ EXITS = (
     Exit(4, Stopped, "stopped before the end, where it resumes: preempted on SLURM (SIGUSR1: every process stops at "
                      "the same step and writes it to `step.ckpt`; `train.sbatch` requeues the job, which resumes "
                      "from there), or `--stop_after_minutes` (continue with `--ckpt_path last`)", "yes"),
-    Exit(5, LostProcesses, "the processes of a multi-process run lost each other (one died, or a collective waited "
-                           "longer than `--ddp_timeout`, under gloo or NCCL): one line from each process", "yes"),
+    Exit(5, LostProcesses, "a process is stuck or the processes of a multi-process run lost each other: one "
+                           "started or finished no batch for `--ddp_timeout` seconds (waiting for its data, or "
+                           "for the others in a collective: it prints where each of its threads is), or one died "
+                           "(under gloo or NCCL): one line from each process", "yes"),
     Exit(6, StorageFull, "the disk is full or the quota exceeded: one line names the path, the run's last good "
                          "checkpoint and the command that resumes; no checkpoint is torn (each is written whole "
                          "or not at all)", "yes, once space is freed"),

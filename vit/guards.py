@@ -1,20 +1,74 @@
 """What stops a run before its end, and how every process agrees on it: divergence (exit 3), SLURM's
 preemption signal and --stop_after_minutes (exit 4). Each decides at a step or epoch boundary that every
-process reaches, with one collective issued by all of them (vit.exits defines the statuses)."""
+process reaches, with one collective issued by all of them (vit.exits defines the statuses). And what
+ends a process that is stuck, which no collective can decide: the watchdog (exit 5)."""
 
 from __future__ import annotations
 
+import faulthandler
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
 
 import lightning as L
 import torch
-from vit.exits import Preempted, TrainingDiverged
+from vit.exits import LostProcesses, Preempted, TrainingDiverged, status_of
 from vit.loggers import wandb_logger
+
+
+class Watchdog(L.Callback):
+    """A process that starts or finishes no batch (training, validation or test) for ``seconds`` is stuck:
+    in a data loader worker that never answers, in a read that never returns, or in a collective waiting
+    for a process that is. It prints one line and where each of its threads is, and exits 5, whatever its
+    main thread is doing. Without it, a single process would wait forever, and under DDP the stuck
+    process would be killed without a word by the launcher once the others' collectives time out (its
+    clock starts before theirs: the others go on until they wait for it; the collectives' own timeout is
+    a backstop ``BACKSTOP`` seconds later). Watches from ``setup`` to ``teardown`` of each stage (or an
+    exception's end of it), in a thread of its own; the waits it is for (a queue, a socket, a collective)
+    release the GIL, so the thread runs while the main thread is stuck."""
+
+    BACKSTOP = 60.0
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.stopped: threading.Event | None = None  # (made in setup: a callback stays picklable)
+        self.alive()
+
+    def alive(self, *args, **kwargs) -> None:
+        self.last = time.monotonic()
+
+    on_train_batch_start = on_train_batch_end = alive
+    on_validation_batch_start = on_validation_batch_end = alive
+    on_test_batch_start = on_test_batch_end = alive
+
+    def setup(self, trainer, pl_module, stage):
+        self.alive()
+        self.rank, self.stopped = trainer.global_rank, threading.Event()
+        threading.Thread(target=self.watch, args=(self.stopped,), name="vit-watchdog", daemon=True).start()
+
+    def teardown(self, trainer, pl_module, stage=None):
+        if self.stopped is not None:
+            self.stopped.set()
+
+    def on_exception(self, trainer, pl_module, exception):  # (Lightning calls no teardown then)
+        self.teardown(trainer, pl_module)
+
+    def watch(self, stopped: threading.Event) -> None:
+        while (left := self.last + self.seconds - time.monotonic()) > 0:
+            if stopped.wait(left):
+                return
+        stream = sys.__stderr__
+        print(f"error: process {self.rank}: no batch started or finished in {self.seconds:g} s: it is stuck, or "
+              f"waits in a collective for a process that is (that one says where it is). Where each of its "
+              f"threads is follows. Resume with --ckpt_path last; allow slower steps with --ddp_timeout.",
+              file=stream, flush=True)
+        faulthandler.dump_traceback(file=stream, all_threads=True)
+        stream.flush()
+        os._exit(status_of(LostProcesses()))
 
 
 class StopOnNonFinite(L.Callback):

@@ -29,7 +29,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from vit import configs, environment, exits, launch, loggers, report, results, runs
 from vit.callbacks import LogConfig, run_callbacks
-from vit.guards import StopAfterMinutes
+from vit.guards import StopAfterMinutes, Watchdog
 from vit.progress import ProgressBar
 from vit.checkpoints import read_checkpoint
 from vit.exits import ConfigError, Stopped
@@ -74,9 +74,10 @@ def add_run_options(parser) -> None:
     parser.add_argument("--test_after_fit", type=bool, default=True,
                         help="test the best checkpoint on the test set when fit ends")
     parser.add_argument("--ddp_timeout", type=PositiveInt, default=600,
-                        help="seconds the processes of a multi-process run may wait for each other (at start "
-                             "and in every collective) before the run ends with exit 5 (a dead or "
-                             "desynchronised process)")
+                        help="seconds a process may go without starting or finishing a batch (waiting for its "
+                             "data, or for the other processes in a collective) before it prints where each of "
+                             "its threads is and the run ends with exit 5 (a stuck, dead or desynchronised "
+                             "process); also the bound on the processes' start")
     parser.add_argument("--stop_after_minutes", type=Optional[PositiveFloat], default=None,
                         help="end this command in time for a wall-clock limit on it: at the end of the last "
                              "epoch that fits (exit 4); --ckpt_path last continues the run exactly")
@@ -137,19 +138,20 @@ class ViTCLI(LightningCLI):
         """The Trainer as configured, with the launch's strategy and plugins (vit.launch.parallelism) and
         the run's own callbacks (vit.callbacks.run_callbacks)."""
         config = self.config_init.trainer
-        kwargs.update(launch.parallelism(config, self.config.ddp_timeout))
+        kwargs.update(launch.parallelism(config, self.config.ddp_timeout + Watchdog.BACKSTOP))
         if "strategy" in kwargs:
             environment.nccl_errors_reach_python()  # (before the processes and their group are made)
         configured = config.get("callbacks") or []
         configured = configured if isinstance(configured, list) else [configured]
         kwargs["callbacks"] = [*configured, *run_callbacks(config, configured, self.config.step_checkpoint_minutes,
-                                                           self.config.stop_after_minutes)]
+                                                           self.config.stop_after_minutes, self.config.ddp_timeout)]
         return super().instantiate_trainer(**kwargs)
 
     def fit(self) -> None:
         ckpt = str(self.resume[0]) if self.resume else None
         if self.trainer.world_size > 1:
-            launch.join_torchrun_group(self.trainer.strategy.root_device.type, self.config.ddp_timeout)
+            launch.join_torchrun_group(self.trainer.strategy.root_device.type,
+                                       self.config.ddp_timeout + Watchdog.BACKSTOP)
         self.trainer.fit(self.model, datamodule=self.datamodule, ckpt_path=ckpt)
         limit = next((cb for cb in self.trainer.callbacks if isinstance(cb, StopAfterMinutes)), None)
         if limit is not None and limit.stopped_at is not None:
