@@ -62,3 +62,43 @@ def torch_threads() -> int:
     import torch
 
     return torch.get_num_threads()
+
+
+def test_a_bounded_benchmark_stops_with_the_sections_left_and_the_same_command_finishes_them(tmp_path, monkeypatch,
+                                                                                               capsys):
+    """vit-benchmark --minutes (each command of `make figures` is bounded): the section running at the bound
+    is cut short, the report keeps the sections done and lists the rest (exit 4); the same command again
+    measures only those (exit 0), under the first command's provenance. A section that alone outlasts the
+    bound is exit 2 with one line. (Sections stand in for the real ones: one takes 30 s until it is fast.)"""
+    import time
+
+    from vit import benchmark
+    from vit.commands.benchmark import main
+
+    slow = {"data": 30.0}
+    measured = []
+
+    def section(name, report, args, device, dtype):
+        time.sleep(slow.get(name, 0.01))
+        report[name] = [{"img_s": 1.0}]
+        measured.append(name)
+
+    monkeypatch.setattr(benchmark, "section", section)
+    out = tmp_path / "bench.json"
+    command = ["--device", "cpu", "--sections", "model,data,step", "--output", str(out), "--minutes", "0.1"]
+    started = time.monotonic()
+    assert main(command) == 4
+    assert time.monotonic() - started < 15  # cut at 6 s, not after the 30 s section
+    first = json.loads(out.read_text())
+    assert "model" in first and "data" not in first and first["sections_pending"] == ["data", "step"]
+    assert "stopped: --minutes 0.1 ran out in section data: sections data, step remain" in capsys.readouterr().err
+    slow.clear()
+    assert main(command) == 0
+    report = json.loads(out.read_text())
+    assert measured == ["model", "data", "step"] and "sections_pending" not in report
+    assert report["date"] == first["date"] and report["model"] == first["model"]
+    slow["model"] = 30.0
+    assert main([*command[:-3], str(tmp_path / "other.json"), "--minutes", "0.1"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == "error: section model alone takes longer than --minutes 0.1: raise --minutes, or measure fewer " \
+                   "rounds or presets"

@@ -71,6 +71,23 @@ def test_a_row_without_a_record_is_pending_and_paths_are_not_shown(tmp_path):
         figures.render("<!-- figures: nowhere -->\n<!-- /figures -->", tmp_path, tmp_path)
 
 
+def test_a_gpu_row_names_what_decides_its_speed_and_what_its_clock_includes(tmp_path):
+    """A GPU record's row (rendered from a record as the gpu plan writes it): the GPU with its CUDA and
+    driver versions, and beside the times to accuracy the commands the run took and the seconds of their
+    first batches (torch.compile's, counted in the clock)."""
+    record = {"row": "vit_cifar10_fast (time to accuracy)", "command": "python scripts/train.py --config vit_cifar10_fast",
+              "device": "NVIDIA H100 80GB HBM3", "device_count": 1, "cuda": "13.0", "driver": "580.65.06",
+              "cpu": "AMD EPYC", "epochs": 100, "training_seconds": 900.0, "best_val_acc": 94.5, "test_top1": 94.1,
+              "test_top5": 99.8, "train_images_per_second": 5e4, "commands": 2, "first_batches_seconds": 61.4,
+              "time_to_val_acc": {"0.90": 300.2, "0.93": 520.0}, "commit": "0123456789", "date": "2026-11-25T00:00:00"}
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "gpu" / "01-vit_cifar10_fast.json").write_text(json.dumps(record))
+    rendered = figures.render("<!-- figures: gpu -->\n<!-- /figures -->\n", tmp_path, tmp_path)
+    (row,) = [line for line in rendered.splitlines() if line.startswith("| vit_cifar10_fast")]
+    assert "| 1× NVIDIA H100 80GB HBM3 (CUDA 13.0, driver 580.65.06) |" in row
+    assert "| 300 s / 520 s / — (the clock includes the first batches of 2 command(s): 61 s) |" in row
+
+
 def quick_readme(tmp_path) -> tuple[Path, list[str]]:
     readme = tmp_path / "README.md"
     tables = dict.fromkeys(job.table for plan in figures.PLANS.values() for step in plan for job in step.jobs)
@@ -91,6 +108,29 @@ def test_make_figures_measures_this_machines_table_and_then_measures_nothing(tmp
     assert "pending" not in block and block.count("](") == 2
     again = run_figures(*common, "--plan", "cpu")
     assert again.returncode == 0 and "scripts/train.py" not in again.stdout and "benchmark.py" not in again.stdout
+
+
+def test_the_gpu_plan_gives_the_headline_row_first_and_bounds_every_command(tmp_path):
+    """A GPU rented by the half hour runs make figures in commands of at most --minutes: the plan's first step
+    is README's headline row (vit_cifar10_fast: time to 90/93/94 %), every training command stops in time and
+    the next continues it, and every benchmark command is bounded too (vit-benchmark --minutes)."""
+    from vit import configs
+
+    plan = figures.PLANS["gpu"]
+    (first,) = plan[0].jobs
+    assert isinstance(first, figures.Run) and first.args == ("--config", "vit_cifar10_fast")
+    assert "vit.callbacks.TimeToAccuracy" in configs.path("vit_cifar10_fast").read_text()
+    runner = figures.Runner(tmp_path / "data", tmp_path / "runs", tmp_path / "results", minutes=9)
+    jobs = [job for step in plan for job in step.jobs]
+    assert any(isinstance(job, figures.Benchmark) for job in jobs)
+    for job in jobs:
+        if isinstance(job, figures.Run):
+            command = runner.train_command(job)
+            assert command[command.index("--stop_after_minutes") + 1] == "9"
+            assert command[command.index("--ckpt_path") + 1] == "last"
+        else:
+            command = runner.benchmark_command(job, tmp_path / "out.json")
+            assert command[command.index("--minutes") + 1] == "9"
 
 
 @pytest.mark.long
@@ -115,6 +155,9 @@ def test_a_long_run_is_measured_in_commands_that_continue_it(tmp_path):
     # the record's wall time is both commands': the first's to its checkpoint, and at least the second's training
     assert first_clock["wall_seconds"] > first_clock["training_seconds"] > 0
     assert smoke["wall_seconds"] > first_clock["wall_seconds"] + smoke["training_seconds"] - first_clock["training_seconds"]
+    # two commands, each with its first training and validation batch (where torch.compile would compile again)
+    assert first_clock["commands"] == 1 and smoke["commands"] == 2
+    assert 0 < first_clock["first_batches_seconds"] < smoke["first_batches_seconds"] < smoke["training_seconds"]
 
 
 @pytest.mark.long

@@ -8,9 +8,11 @@ the median of the rounds is reported, so a drift in the machine's speed hits bot
 from __future__ import annotations
 
 import json
+import signal
 import statistics
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
 
 import torch
 
@@ -411,19 +413,40 @@ def bench_startup(repeats: int) -> dict:
     return row
 
 
-def run(args) -> dict:
-    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[
-        args.dtype if args.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")]
+SECTIONS = ("model", "data", "step", "levers", "classify", "checkpoint", "startup")
+
+
+class TimeBound(BaseException):
+    """The benchmark's --minutes ran out in a section (a BaseException, as KeyboardInterrupt is: library code
+    that catches Exception, torch.compile's for one, lets it through)."""
+
+
+@contextmanager
+def time_bound(deadline: float | None):
+    """Raise TimeBound in the main thread at ``deadline`` (time.monotonic()); no bound with None."""
+    if deadline is None:
+        yield
+        return
+
+    def expire(signum, frame):
+        raise TimeBound
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, max(0.001, deadline - time.monotonic()))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def section(name: str, report: dict, args, device: torch.device, dtype: torch.dtype) -> None:
+    """Measure one section into ``report`` and print its table."""
     quick = args.quick
     steps, rounds = (1, 1) if quick else (args.steps, args.rounds)
     presets = ["vit_tiny"] if quick else args.presets
     batch = 8 if quick else args.batch_size
-    sections = args.sections.split(",")
-    from vit.results import provenance
-
-    report = {**provenance(list(args.argv), "benchmark", device.type, 1), "torch": torch.__version__}
-    if "model" in sections:
+    if name == "model":
         report["patch_embedding"] = [bench_patch_embedding(presets[0], batch, device, rounds)]
         print("# patch embedding E, forward+backward, images/s: patchify + Linear vs timm's strided conv")
         print(format_table(report["patch_embedding"], ["preset", "batch_size", "img_s_ours", "img_s_conv", "ratio"]))
@@ -433,42 +456,93 @@ def run(args) -> dict:
         print(format_table(report["model"], ["preset", "batch_size", "dtype", "train_img_s_ours", "train_img_s_timm",
                                              "train_ratio", "infer_img_s_ours", "infer_img_s_timm", "infer_ratio"]
                            + (["train_peak_MiB_ours", "train_peak_MiB_timm"] if device.type == "cuda" else [])))
-    if "data" in sections:
+    elif name == "data":
         n = 1000 if quick else args.data_images
         report["data"] = [bench_data(device, 64 if quick else args.data_batch_size, args.workers, n)]
         print(f"# data path: crop(pad 4, reflect) + flip + normalise, images/s ({args.workers} workers for loaders)")
         print(format_table(report["data"], ["batch_size", "workers", "img_s_ours_device", "img_s_ours_workers",
                                             "img_s_torchvision", "ratio_device_vs_torchvision",
                                             "ratio_workers_vs_torchvision"]))
-    if "step" in sections:
+    elif name == "step":
         report["step"] = [bench_training_step(p, batch if quick else args.step_batch_size, device, dtype, steps,
                                               args.compile) for p in presets]
         print("# whole training step (device data path + forward + backward + AdamW)")
         print(format_table(report["step"], ["preset", "batch_size", "dtype", "compiled", "img_s", "gflop_per_img",
                                             "achieved_tflops"] + (["mfu"] if device.type == "cuda" else [])))
-    if "levers" in sections:
+    elif name == "levers":
         report["levers"] = bench_cpu_levers(8 if quick else 128, 1 if quick else 10, rounds, args.compile)
         print("# the cpu recipe's model, whole training step on the CPU: fp32, bf16 autocast"
               + (", torch.compile" if args.compile else "") + "; images/s")
         print(format_table(report["levers"], ["model", "threads", "batch_size", "dtype", "compiled", "optimizer",
                                               "img_s"]))
-    if "classify" in sections:
+    elif name == "classify":
         report["classify"] = bench_classify(40 if quick else args.classify_images, args.workers)
         print(f"# vit-classify throughput on generated photos of mixed sizes, images/s: "
               f"{args.workers} decoding workers vs the main process")
         print(format_table([report["classify"]], ["images", "workers", "img_s_one_process", "img_s_workers", "ratio"]))
-    if "checkpoint" in sections:
+    elif name == "checkpoint":
         report["checkpoint"] = bench_checkpoint(device, 1 if quick else args.rounds)
         print("# the step checkpoint: seconds per save (trainer.save_checkpoint, local disk) and its share of "
               "training at the default interval")
         print(format_table(report["checkpoint"], ["recipe", "params_M", "MB", "s_per_save", "interval_min",
                                                   "share_percent"]))
-    if "startup" in sections:
+    elif name == "startup":
         report["startup"] = bench_startup(1 if quick else args.startup_repeats)
         print("# classify one image from the shell vs `python -c 'import torch, torchvision'`, seconds (median)")
         print(format_table([report["startup"]], ["s_import", "s_classify", "ratio"]))
+
+
+def run(args) -> dict:
+    """The sections asked, in order, into one report (written to --output after each). With --minutes, a
+    section still running at the bound is cut short and the report lists it and the rest under
+    ``sections_pending`` (StoppedEarly); the same command again measures only those and completes the
+    report. The report's provenance is its first command's."""
+    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[
+        args.dtype if args.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")]
+    from vit.results import provenance
+
+    deadline = time.monotonic() + 60 * args.minutes if args.minutes else None
+    report = {**provenance(list(args.argv), "benchmark", device.type, 1), "torch": torch.__version__}
+    todo = args.sections.split(",")
+    unknown = [name for name in todo if name not in SECTIONS]
+    if unknown:
+        raise BenchmarkError(f"--sections: no section {', '.join(unknown)} (there are {', '.join(SECTIONS)})")
+    if args.output and Path(args.output).is_file():
+        earlier = json.loads(Path(args.output).read_text())
+        if earlier.get("sections_pending"):  # a bounded benchmark's earlier command: go on with what remains
+            report, todo = earlier, earlier["sections_pending"]
+            print(f"continuing {args.output}: sections {', '.join(todo)}")
+    for i, name in enumerate(todo):
+        report["sections_pending"] = todo[i:]
+        try:
+            with time_bound(deadline):
+                section(name, report, args, device, dtype)
+        except TimeBound:
+            write_report(report, args.output)
+            if i == 0:
+                raise BenchmarkError(f"section {name} alone takes longer than --minutes {args.minutes:g}: "
+                                     f"raise --minutes, or measure fewer rounds or presets") from None
+            raise StoppedEarly(f"--minutes {args.minutes:g} ran out in section {name}: sections "
+                               f"{', '.join(todo[i:])} remain. Run the same command again to measure them "
+                               f"({args.output} keeps the sections done)") from None
+        report["sections_pending"] = todo[i + 1:]
+        write_report(report, args.output)
+    report.pop("sections_pending")
+    write_report(report, args.output)
     if args.output:
-        with open(args.output, "w") as f:
-            json.dump(report, f, indent=2)
         print(f"wrote {args.output}")
     return report
+
+
+class BenchmarkError(Exception):
+    """A benchmark that cannot run as asked; the message says why (exit 2)."""
+
+
+class StoppedEarly(Exception):
+    """--minutes ran out; the report says which sections remain (exit 4)."""
+
+
+def write_report(report: dict, output: str | None) -> None:
+    if output:
+        Path(output).write_text(json.dumps(report, indent=2) + "\n")

@@ -23,18 +23,48 @@ class TrainingClock(L.Callback):
     ``fit`` (its training and validation epochs, not start-up or the test), optimizer steps, epochs (a
     fraction when a time budget ends one mid-way), training images seen, and the wall time of the
     commands the run took (start-up included; each earlier command counted to its last checkpoint). The
-    record's figures, and the clock that TimeToAccuracy reads."""
+    record's figures, and the clock that TimeToAccuracy reads.
+
+    It also counts those commands, and the seconds of each one's first training batch and first
+    validation batch (``first_batches_seconds``, inside the training seconds): where torch.compile
+    compiles, so a run continued over several commands compiles again in each, and its record says how
+    much of its clock that was."""
 
     def __init__(self):
         # of the attempts this run resumed from
-        self.before = {"training_seconds": 0.0, "train_images": 0, "wall_seconds": 0.0}
+        self.before = {"training_seconds": 0.0, "train_images": 0, "wall_seconds": 0.0, "commands": 0,
+                       "first_batches_seconds": 0.0}
         self.started = self.stopped = None
         self.trainer = None
+        self.first_batches, self.batch_started, self.timed = 0.0, None, set()
 
     def on_train_start(self, trainer, pl_module):
         self.trainer, self.first_step = trainer, trainer.global_step
         self.global_batch = trainer.datamodule.batch_size * trainer.accumulate_grad_batches
         self.started, self.stopped = time.perf_counter(), None
+        self.first_batches, self.timed = 0.0, set()
+
+    def _first_batch_start(self, trainer, kind: str) -> None:
+        if self.started is not None and kind not in self.timed and not trainer.sanity_checking:
+            self.batch_started = time.perf_counter()
+
+    def _first_batch_end(self, kind: str) -> None:
+        if self.batch_started is not None:
+            self.first_batches += time.perf_counter() - self.batch_started
+            self.timed.add(kind)
+            self.batch_started = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._first_batch_start(trainer, "train")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self._first_batch_end("train")
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self._first_batch_start(trainer, "validation")
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self._first_batch_end("validation")
 
     def on_train_end(self, trainer, pl_module):
         self.stopped = time.perf_counter()
@@ -55,7 +85,9 @@ class TrainingClock(L.Callback):
         return {"training_seconds": round(seconds, 3), "train_images": images, "steps": trainer.global_step,
                 "epochs": round(trainer.global_step / per_epoch, 2),
                 "train_images_per_second": round(images / seconds, 1) if seconds > 0 else None,
-                "wall_seconds": round(self.before["wall_seconds"] + wall_seconds(), 1)}
+                "wall_seconds": round(self.before["wall_seconds"] + wall_seconds(), 1),
+                "commands": self.before["commands"] + 1,
+                "first_batches_seconds": round(self.before["first_batches_seconds"] + self.first_batches, 3)}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.before = {**self.before, **state_dict}  # (a checkpoint without wall_seconds: 0 before this command)

@@ -229,7 +229,8 @@ class Runner:
                 return False
             self.commands += 1
             if isinstance(todo[0], Benchmark):
-                self.benchmark(todo.pop(0))
+                if self.benchmark(todo[0]):
+                    todo.pop(0)
                 continue
             codes = self.train_at_once(todo)
             for job, code in zip(list(todo), codes):
@@ -256,22 +257,30 @@ class Runner:
             procs.append(subprocess.Popen(command, env=env, preexec_fn=affinity, cwd=tree))
         return [p.wait() for p in procs]
 
-    def benchmark(self, job: Benchmark) -> None:
+    def benchmark_command(self, job: Benchmark, out: Path) -> list[str]:
+        return [sys.executable, str(REPO / "scripts" / "benchmark.py"), *(QUICK_BENCH if self.quick else job.args),
+                "--output", str(out), "--minutes", f"{self.minutes:g}"]
+
+    def benchmark(self, job: Benchmark) -> bool:
+        """One command of the benchmark, bounded by ``minutes`` as a training command is (False: it stopped
+        with sections left, which the next command measures)."""
         out = self.runs_root / job.table / f"{job.name}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         if self.quick_report:  # --quick runs one command for every benchmark: it runs once
             print(f"[figures] {job.table}/{job.name}: the --quick benchmark's report, {self.quick_report}", flush=True)
             shutil.copyfile(self.quick_report, out)
         else:
-            command = [sys.executable, str(REPO / "scripts" / "benchmark.py"),
-                       *(QUICK_BENCH if self.quick else job.args), "--output", str(out)]
+            command = self.benchmark_command(job, out)
             print(f"[figures] {shlex.join(command[1:])}", flush=True)
             code = subprocess.run(command, cwd=REPO).returncode
+            if code == STOPPED:
+                return False
             if code:
                 raise FiguresError(f"{job.table}/{job.name}: vit-benchmark exited {code} (its output is above)")
             if self.quick:
                 self.quick_report = out
         self.collect(out, job)
+        return True
 
     def collect(self, record: Path, job: Run | Benchmark) -> Path:
         path = self.record_path(job)
@@ -299,7 +308,8 @@ def measure(plans: list[str], runner: Runner) -> bool:
 
 # --- rendering ---------------------------------------------------------------------------------------
 BLOCK = re.compile(r"(<!-- figures: (?P<table>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures -->)", re.S)
-HIDDEN = {"--data.root", "--trainer.default_root_dir", "--run", "--ckpt_path", "--stop_after_minutes", "--output"}
+HIDDEN = {"--data.root", "--trainer.default_root_dir", "--run", "--ckpt_path", "--stop_after_minutes", "--output",
+          "--minutes"}
 
 
 def jobs_of(table: str) -> list[Run | Benchmark]:
@@ -323,7 +333,8 @@ def shown_command(command: str) -> str:
 
 def _device(r: dict) -> str:
     if r.get("device") != r.get("cpu"):
-        return f"{r['device_count']}× {r['device']}"
+        versions = ", ".join(f"{k} {r[k]}" for k in ("cuda", "driver") if r.get(k)).replace("cuda", "CUDA")
+        return f"{r['device_count']}× {r['device']}" + (f" ({versions})" if versions else "")
     threads, units = r.get("torch_threads"), r.get("cpu_bf16")
     cpu = r["cpu"] + (f" ({', '.join(units)})" if units else " (no bf16 units)" if units == [] else "")
     return f"{cpu}, {threads} thread{'s' * (threads != 1)}" if threads else cpu
@@ -351,8 +362,12 @@ def render_runs(table: str, results_dir: Path, base: Path) -> str:
             cells = [r.get("row", job.label), f"`{shown_command(r['command'])}`", _device(r), f"{r['epochs']:g}",
                      f"{r['training_seconds'] / 60:.1f} min", f"{r['best_val_acc']:.2f} %",
                      f"**{r['test_top1']:.2f} %** ({r['test_top5']:.2f} %)", f"{r['train_images_per_second']:,.0f}"]
-            cells += [" / ".join(f"{reached[t]:.0f} s" if t in reached else "—" for t in ("0.90", "0.93", "0.94"))] \
-                if timed else []
+            if timed:  # the clock includes each command's first batches, where torch.compile compiles again
+                compiles = f" (the clock includes the first batches of {r['commands']} command(s): " \
+                    f"{r['first_batches_seconds']:.0f} s)" \
+                    if r.get("commands") else ""
+                cells.append(" / ".join(f"{reached[t]:.0f} s" if t in reached else "—" for t in ("0.90", "0.93", "0.94"))
+                             + compiles)
             cells.append(_provenance(records[job.name], r, base))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

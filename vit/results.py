@@ -56,16 +56,29 @@ def cpu_bf16_units() -> list[str]:
     return [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
 
 
+def gpu_driver() -> str | None:
+    """The NVIDIA driver's version (nvidia-smi's), None where it does not answer."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    version = out.stdout.split("\n", 1)[0].strip() if out.returncode == 0 else ""
+    return version or None
+
+
 def machine(accelerator: str, devices: int) -> dict:
-    """The device that trained or tested (a GPU's name, else the CPU's model) and how many of them;
-    on CPUs also the threads torch used and the cores it could use."""
+    """What decides speed: the device that trained or tested (a GPU's name, with the CUDA torch was built
+    for and the driver's version; else the CPU's model) and how many of them; the CPU's model, its bf16
+    units, the threads torch used and the cores it could use."""
     import torch
 
     cpu = {"cpu": cpu_model(), "cpu_bf16": cpu_bf16_units(),
            "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
            "torch_threads": torch.get_num_threads()}
     if accelerator == "cuda" and torch.cuda.is_available():
-        return {"device": torch.cuda.get_device_name(), "device_count": devices, **cpu}
+        return {"device": torch.cuda.get_device_name(), "device_count": devices, "cuda": torch.version.cuda,
+                "driver": gpu_driver(), **cpu}
     return {"device": cpu["cpu"], "device_count": devices, **cpu}
 
 
@@ -146,6 +159,8 @@ def record_run(trainer, module, mode: str, argv: list[str], ckpt: str | None, me
         # fit: every command the run took (TrainingClock); test: this command
         wall_seconds=clock.get("wall_seconds") if mode == "fit" else round(guards.wall_seconds(), 1),
         train_images_per_second=clock.get("train_images_per_second"),
+        # the commands the run took, and their first batches' seconds (torch.compile's, in training_seconds)
+        commands=clock.get("commands"), first_batches_seconds=clock.get("first_batches_seconds"),
         **({"time_to_val_acc": {f"{t:.2f}": round(s, 1) for t, s in reached.items()}} if reached is not None else {}))
     path = write(run, record, None if mode == "fit" else Path(ckpt).stem)
     wandb = wandb_logger(trainer.loggers)

@@ -27,16 +27,31 @@ parser.add_argument("--step-batch-size", type=int, default=64)
 parser.add_argument("--compile", action="store_true", help="torch.compile the models (ours and timm's) and the whole step")
 parser.add_argument("--startup-repeats", type=int, default=5)
 parser.add_argument("--quick", action="store_true", help="one tiny round of everything (for tests)")
+parser.add_argument("--minutes", type=float, default=None,
+                    help="end this command within this many minutes: a section still running then is cut short, "
+                         "--output lists it and the rest as pending, and the command exits 4; the same command "
+                         "again measures those (a lease of short commands)")
 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vit.benchmark import run
+    from vit.benchmark import BenchmarkError, StoppedEarly, run
 
     args = parser.parse_args(argv)
     from vit.results import commit
 
     commit()  # the code that runs, before anyone edits the tree
     args.argv = sys.argv[1:] if argv is None else argv  # for the record
-    run(args)
+    if args.minutes is not None and (args.minutes <= 0 or not args.output):
+        print("error: --minutes takes a positive number of minutes, and --output (where the sections done are kept)",
+              file=sys.stderr)
+        return 2
+    try:
+        run(args)
+    except BenchmarkError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except StoppedEarly as e:
+        print(f"stopped: {e}", file=sys.stderr)
+        return 4
     return 0

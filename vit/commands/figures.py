@@ -16,7 +16,8 @@ A row that has a record in results/ is not measured again, and a run whose folde
 TABLE/ROW) is resumed: to measure a table again, delete both (rm -r results/cpu runs/figures/cpu).
 
 Each command it runs ends within --minutes (a rented GPU's limit per command): a longer training run stops at
-an epoch end with exit 4 and the next command continues it exactly (--ckpt_path last). With
+an epoch end with exit 4 and the next command continues it exactly (--ckpt_path last); a benchmark stops
+with the sections it has not finished, which the next command measures (vit-benchmark --minutes). With
 --max-commands N it stops after N commands (exit 4); the same make figures continues where it stopped.
 
 Exit status: 0 done; 1 a step failed (its own output says why) or a page differs (--check);
