@@ -1,5 +1,6 @@
 """Your own image folders (torchvision ImageFolder underneath), the one image loader, fine-tuning weights."""
 
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -117,3 +118,41 @@ def test_finetune_loads_timm_weights_at_fit_resampling_pos_embedding(tmp_path, f
     torch.testing.assert_close(vit.cls_token, timm_model.cls_token)
     with pytest.raises(ValueError, match="shape mismatch"):
         finetune_module(path, mlp_ratio=2.0).setup("fit")
+
+
+def test_fashion_mnist_files_become_folders_that_train_py_trains_on(tmp_path):
+    """README's `python scripts/folders.py` on Fashion-MNIST's four files (generated, in torchvision's layout),
+    then README's training command on the folders it wrote: every image in its class folder, pixels kept,
+    the test on test/. A missing file or a non-empty OUT is exit 2 with one line."""
+    import subprocess
+    import sys
+
+    from helpers import ROOT, TEST_LINE, train
+    from vit.folders import write_fake_raw
+
+    root, out = write_fake_raw(tmp_path / "data", per_class=30, test_per_class=10), tmp_path / "folders"
+    run = [sys.executable, str(ROOT / "scripts" / "folders.py"), "--root", str(root), "--out", str(out)]
+    proc = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"wrote {out}: train/ 300 images, test/ 100 images"
+    classes = sorted(p.name for p in (out / "train").iterdir())
+    assert classes == sorted(["T-shirt-top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                              "Ankle boot"])
+    assert all(len(list((out / "train" / c).glob("*.png"))) == 30 for c in classes)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["data", "folders"]  # no partial folder left
+    from torchvision.datasets import FashionMNIST
+
+    first = FashionMNIST(str(root), train=False)
+    image = np.asarray(Image.open(out / "test" / "T-shirt-top" / "00000.png"))
+    assert first.targets[0] == 0 and np.array_equal(image, first.data[0].numpy())
+    trained = train(tmp_path, None, "--data", "vit.data.ImageFolderDataModule", "--data.root", str(out),
+                    "--data.val_size", "50", "--data.batch_size", "50", "--data.num_workers", "0",
+                    "--trainer.max_epochs", "1", "--trainer.logger", "false")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert re.search(TEST_LINE, trained.stderr + trained.stdout).group(1) == "100"
+    again = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and again.stderr == f"error: {out} is not empty: give a new folder\n"
+    (root / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte").unlink()
+    missing = subprocess.run([*run[:-1], str(tmp_path / "new")], capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1
+    assert "lacks t10k-labels-idx1-ubyte" in missing.stderr and "--download" in missing.stderr

@@ -34,13 +34,15 @@ class FiguresError(RuntimeError):
 @dataclass(frozen=True)
 class Run:
     """One training run: ``vit-train`` with ``args``; its record becomes the row ``label`` of ``table``.
-    ``commit``: run that commit of this repository instead, from a clone of its own (its code, its recipes)."""
+    ``commit``: run that commit of this repository instead, from a clone of its own (its code, its recipes).
+    ``data``: CIFAR-10 (the data root), or Fashion-MNIST as image folders (``Runner.folders``)."""
 
     table: str
     name: str
     label: str
     args: tuple[str, ...]
     commit: str | None = None
+    data: str = "cifar"  # or "fashion-mnist": image folders made from DATA_ROOT/FashionMNIST (vit.folders)
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,8 @@ PLANS: dict[str, list[Step]] = {
     # make figures on a machine without a GPU
     "cpu": [Step((Run("cpu", "01-smoke", "smoke recipe", ("--config", "smoke")),)),
             Step((Run("cpu", "02-cpu", "cpu recipe (10 minutes)", ("--config", "cpu")),)),
+            Step((Run("cpu", "03-fashion-mnist", "cpu recipe, Fashion-MNIST as image folders (10 minutes)",
+                      ("--config", "cpu", "--data", "vit.data.ImageFolderDataModule"), data="fashion-mnist"),)),
             Step((Benchmark("benchmark-cpu", "cpu", "CPU benchmark"),))],
     # make figures on a GPU: time to 94 % and the default recipe first
     "gpu": [Step((Run("gpu", "01-vit_cifar10_fast", "vit_cifar10_fast (time to accuracy)",
@@ -215,8 +219,26 @@ class Runner:
             (tree / "vit" / "configs").symlink_to(Path("..") / "configs")
         return tree
 
+    def folders(self) -> Path:
+        """Fashion-MNIST as image folders, DATA_ROOT/fashion-mnist-folders, made once from
+        DATA_ROOT/FashionMNIST (torchvision downloads its files there when missing; --quick: generated)."""
+        out = self.data_root / "fashion-mnist-folders"
+        if not out.is_dir():
+            from vit.exits import DatasetError
+            from vit.folders import fashion_mnist_folders, write_fake_raw
+
+            if self.quick:
+                write_fake_raw(self.data_root)
+            print(f"[figures] Fashion-MNIST as image folders: {out}", flush=True)
+            try:
+                fashion_mnist_folders(self.data_root, out, download=not self.quick)
+            except DatasetError as e:
+                raise FiguresError(str(e)) from None
+        return out
+
     def train_command(self, job: Run) -> list[str]:
-        return [sys.executable, str(self.tree(job) / "scripts" / "train.py"), *job.args, "--data.root", str(self.data_root),
+        root = self.data_root if job.data == "cifar" else self.folders()
+        return [sys.executable, str(self.tree(job) / "scripts" / "train.py"), *job.args, "--data.root", str(root),
                 "--trainer.default_root_dir", str(self.runs_root / job.table), "--run", job.name,
                 "--ckpt_path", "last", "--stop_after_minutes", f"{self.minutes:g}",
                 *(QUICK_TRAIN if self.quick else ())]

@@ -38,7 +38,8 @@ parser.add_argument("--plan", action="append",
                     help=f"one of {', '.join(PLANS)} (default: gpu with CUDA, else cpu; --quick: all); may be given "
                          "several times")
 parser.add_argument("--data-root", type=Path, default=Path("data"),
-                    help="the folder holding cifar-10-batches-py/ (downloaded there when missing)")
+                    help="the folder holding cifar-10-batches-py/ and FashionMNIST/ (each downloaded there when "
+                         "missing; Fashion-MNIST becomes image folders in fashion-mnist-folders/ there)")
 parser.add_argument("--runs", type=Path, default=Path("runs/figures"), help="where the runs' folders go")
 parser.add_argument("--results", type=Path, default=None, help="the records' folder (default: results/ of the repository)")
 parser.add_argument("--readme", type=Path, default=None,
