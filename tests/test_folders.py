@@ -156,3 +156,19 @@ def test_fashion_mnist_files_become_folders_that_train_py_trains_on(tmp_path):
     missing = subprocess.run([*run[:-1], str(tmp_path / "new")], capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
     assert "lacks t10k-labels-idx1-ubyte" in missing.stderr and "--download" in missing.stderr
+
+
+def test_a_download_with_no_route_to_fashion_mnist_is_one_line(tmp_path, monkeypatch, capsys):
+    """vit-folders --download where the files' host does not answer (a mirror on a closed local port):
+    exit 2 with one line naming where to put the files, not torchvision's traceback after every mirror."""
+    from torchvision.datasets import FashionMNIST
+
+    from vit.commands.folders import main
+
+    monkeypatch.setattr(FashionMNIST, "mirrors", ["http://127.0.0.1:9/"])
+    assert main(["--root", str(tmp_path), "--out", str(tmp_path / "out"), "--download"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: cannot download Fashion-MNIST: http://127.0.0.1:9/train-images-idx3-ubyte.gz "
+                           "does not answer") and line.endswith(f"in {tmp_path}/FashionMNIST/raw")
+    assert not (tmp_path / "out").exists()
+
