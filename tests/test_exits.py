@@ -44,7 +44,8 @@ def test_help_shows_the_exit_table(capsys):
 
 
 def test_a_stuck_data_worker_ends_the_run_with_exit_5_and_where_it_was(tmp_path, fake_cifar_session):
-    """One process, the settings a user gets but --ddp_timeout 10: its data loader's workers stop answering
+    """One process, the settings a user gets (W&B on, offline without credentials; the progress lines) but
+    --ddp_timeout 10: its data loader's workers stop answering
     at step 2 (SIGSTOP). No batch comes; after 10 s the process prints one line and each thread's stack
     (the main thread waits in the DataLoader) and exits 5, instead of waiting forever."""
     import os
@@ -56,9 +57,10 @@ def test_a_stuck_data_worker_ends_the_run_with_exit_5_and_where_it_was(tmp_path,
     from helpers import ROOT, TESTS, smoke_argv
 
     cmd = [sys.executable, str(ROOT / "scripts" / "train.py"),
-           *smoke_argv(fake_cifar_session, ("--data.num_workers", "2", "--ddp_timeout", "10", "--trainer.logger",
-                                            "false", "--trainer.callbacks+=callbacks.StopDataWorkers"), quiet=False)]
-    env = {**os.environ, "PYTHONPATH": str(TESTS), "PYTHONUNBUFFERED": "1"}
+           *smoke_argv(fake_cifar_session, ("--data.num_workers", "2", "--ddp_timeout", "10",
+                                            "--trainer.callbacks+=callbacks.StopDataWorkers"), quiet=False)]
+    env = {k: v for k, v in os.environ.items() if k not in ("WANDB_API_KEY", "WANDB_MODE")}
+    env.update(PYTHONPATH=str(TESTS), PYTHONUNBUFFERED="1", WANDB_SILENT="true")
     start = time.monotonic()
     with open(tmp_path / "err.txt", "w") as log:  # (a file: the stopped workers would hold a pipe open)
         proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=log,

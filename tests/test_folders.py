@@ -131,7 +131,7 @@ def test_fashion_mnist_files_become_folders_that_train_py_trains_on(tmp_path):
     from vit.folders import write_fake_raw
 
     root, out = write_fake_raw(tmp_path / "data", per_class=30, test_per_class=10), tmp_path / "folders"
-    run = [sys.executable, str(ROOT / "scripts" / "folders.py"), "--root", str(root), "--out", str(out)]
+    run = [sys.executable, str(ROOT / "scripts/folders.py"), "--root", str(root), "--out", str(out)]
     proc = subprocess.run(run, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"wrote {out}: train/ 300 images, test/ 100 images"
