@@ -116,13 +116,19 @@ def nccl_errors_reach_python() -> None:
 
 
 def wandb_unreachable(timeout: float) -> str | None:
-    """Why the W&B server cannot be reached from here, or None when it answers within ``timeout`` seconds
-    (any HTTP answer counts). DNS, connect and the answer together are bounded: the probe runs in a
-    thread that is left behind when it takes longer."""
+    """Why the W&B server cannot be reached from here, or None when it answers within ``timeout`` seconds."""
+    url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+    why = unreachable(url, timeout)
+    return why and f"{url} {why}"
+
+
+def unreachable(url: str, timeout: float) -> str | None:
+    """Why ``url`` cannot be reached from here ("did not answer within ...", "cannot be reached (...)"), or
+    None when it answers within ``timeout`` seconds (any HTTP answer counts). DNS, connect and the answer
+    together are bounded: the probe runs in a thread that is left behind when it takes longer."""
     import urllib.error
     import urllib.request
 
-    url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
     failed: list[BaseException] = []
 
     def probe() -> None:
@@ -130,15 +136,14 @@ def wandb_unreachable(timeout: float) -> str | None:
             urllib.request.urlopen(url, timeout=timeout).close()
         except urllib.error.HTTPError:
             pass  # the server answered
-        except OSError as e:  # URLError, a refused or reset connection, a timeout, TLS: no route to W&B
+        except OSError as e:  # URLError, a refused or reset connection, a timeout, TLS: no route there
             failed.append(e)
 
-    thread = threading.Thread(target=probe, name="wandb-probe", daemon=True)
+    thread = threading.Thread(target=probe, name="url-probe", daemon=True)
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
-        return f"{url} did not answer within {timeout:g} s"
+        return f"did not answer within {timeout:g} s"
     if failed:
-        reason = getattr(failed[0], "reason", failed[0])
-        return f"{url} cannot be reached ({reason})"
+        return f"cannot be reached ({getattr(failed[0], 'reason', failed[0])})"
     return None

@@ -355,7 +355,7 @@ def shown_command(command: str) -> str:
 
 def _device(r: dict) -> str:
     if r.get("device") != r.get("cpu"):
-        versions = ", ".join(f"{k} {r[k]}" for k in ("cuda", "driver") if r.get(k)).replace("cuda", "CUDA")
+        versions = ", ".join(f"{label} {r[key]}" for key, label in (("cuda", "CUDA"), ("driver", "driver")) if r.get(key))
         return f"{r['device_count']}× {r['device']}" + (f" ({versions})" if versions else "")
     threads, units = r.get("torch_threads"), r.get("cpu_bf16")
     cpu = r["cpu"] + (f" ({', '.join(units)})" if units else " (no bf16 units)" if units == [] else "")

@@ -8,7 +8,6 @@ them); ``download`` fetches them first."""
 from __future__ import annotations
 
 import shutil
-import urllib.request
 from pathlib import Path
 
 from vit.exits import DatasetError
@@ -32,12 +31,13 @@ def fashion_mnist_folders(root: Path, out: Path, download: bool = False) -> dict
         raise DatasetError(f"{raw} lacks {', '.join(missing)}: Fashion-MNIST's files (uncompressed), where "
                            f"torchvision's download puts them; pass --download to fetch them")
     if missing:  # torchvision would try every mirror, then raise with its traceback
+        from vit.environment import unreachable
+
         url = FashionMNIST.mirrors[0] + FashionMNIST.resources[0][0]
-        try:
-            urllib.request.urlopen(url, timeout=20).close()
-        except OSError as e:  # URLError, a refused or reset connection, a timeout: no route to the files
-            raise DatasetError(f"cannot download Fashion-MNIST: {url} does not answer ({getattr(e, 'reason', e)}). "
-                               f"Put its four files, uncompressed, in {raw}") from None
+        why = unreachable(url, timeout=20)
+        if why:
+            raise DatasetError(f"cannot download Fashion-MNIST: {url} does not answer: {why}. Put its four "
+                               f"files, uncompressed, in {raw}")
     if out.exists() and any(out.iterdir()):
         raise DatasetError(f"{out} is not empty: give a new folder")
     partial = out.with_name(out.name + ".partial")  # renamed to OUT when whole: never half a dataset there
