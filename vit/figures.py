@@ -114,6 +114,19 @@ def _baseline_run(seed: int) -> Run:
                ("--config", "cpu", "--seed_everything", str(seed)), commit=BASELINE)
 
 
+# the recipe's choices round 2 had not yet measured: its shape, its augmentation's strength, its resize stages
+LEVERS.update({"D 96": ("--model.arch.dim", "96", "--model.arch.heads", "6"), "L 6": ("--model.arch.depth", "6"),
+               "2 heads": ("--model.arch.heads", "2"), "crop padding 2": ("--data.crop_padding", "2"),
+               "Mixup 0.2": ("--model.mixup", "0.2"), "no resize stages": ("--model.resize_stages", "[]"),
+               "longer resize stages": ("--model.resize_stages", "[[16, 0.4], [24, 0.7]]")})
+
+
+def _fashion_run(commit: str | None) -> Run:
+    name, label = (f"{commit}-s0", f"cpu recipe of {commit} (its checkout)") if commit else ("cpu-s0", "cpu recipe")
+    return Run("fashion-mnist", name, f"{label}, seed 0", ("--config", "cpu", "--seed_everything", "0", "--data",
+                                                           "vit.data.ImageFolderDataModule"), commit, "fashion-mnist")
+
+
 PLANS: dict[str, list[Step]] = {
     # make figures on a machine without a GPU
     "cpu": [Step((Run("cpu", "01-smoke", "smoke recipe", ("--config", "smoke")),)),
@@ -172,6 +185,17 @@ PLANS: dict[str, list[Step]] = {
               _lever_run("nsbf16", "+ Newton–Schulz in bfloat16 (timm's)", ("Newton–Schulz in bfloat16",), 1, "cpu-round2"))),
         Step((Benchmark("benchmark-cpu-levers", "levers-muon", "The cpu recipe's fast paths, with Muon",
                         ("--device", "cpu", "--sections", "levers", "--compile", "--rounds", "3")),))],
+    # the recipe's shape (D, L, heads), its augmentation (weaker crops, light Mixup) and its resize stages (none,
+    # longer), one change each against it, seed 0, pinned in pairs
+    "cpu-choices": [
+        _shape_pair(("cpu", "cpu recipe", ()), ("d96", "+ D 96 (6 heads)", ("D 96",)), "cpu-choices"),
+        _shape_pair(("l6", "+ L 6", ("L 6",)), ("h2", "+ 2 heads", ("2 heads",)), "cpu-choices"),
+        _shape_pair(("pad2", "+ crop padding 2", ("crop padding 2",)), ("nostages", "+ no resize stages",
+                                                                        ("no resize stages",)), "cpu-choices"),
+        _shape_pair(("stages", "+ longer resize stages (16 px to 0.4, 24 px to 0.7)", ("longer resize stages",)),
+                    ("mixup", "+ Mixup 0.2", ("Mixup 0.2",)), "cpu-choices")],
+    # the cpu recipe on Fashion-MNIST as image folders against 2f47865's (its checkout), pinned as a pair
+    "fashion-mnist": [Step((_fashion_run(BASELINE), _fashion_run(None)))],
 }
 
 # --quick: every step of every plan at toy scale on CPU, on generated data
