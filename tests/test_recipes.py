@@ -20,10 +20,10 @@ def test_every_recipe_is_run_by_a_test():
 
 @pytest.fixture(scope="module")
 def small_cifar(tmp_path_factory):
-    """200 training and 50 test images: the finetune recipe tests a ViT-S at 224 px."""
+    """200 training and 60 test images, more than a test batch of any recipe here (each tests one batch)."""
     from helpers import make_fake_cifar
 
-    return make_fake_cifar(tmp_path_factory.mktemp("small") / "data", per_batch=40, test_size=50)
+    return make_fake_cifar(tmp_path_factory.mktemp("small") / "data", per_batch=40, test_size=60)
 
 
 FP32 = ("smoke", "cpu")  # the others are bf16-mixed: emulated, and minutes long, on CPUs without bf16 units
@@ -52,6 +52,10 @@ def test_a_recipe_trains_a_few_steps_with_its_own_settings(recipe, tmp_path, sma
                  "--trainer.limit_val_batches", "1", "--trainer.limit_test_batches", "1"])
     assert code == 0, caplog.text[-3000:]
     assert re.search(TEST_LINE, caplog.text), caplog.text[-2000:]
+    # the test's one batch (--trainer.limit_test_batches 1), said as such: the test set has more images
+    tested, total = map(int, re.search(r"test on (\d+) images \(of (\d+): --trainer.limit_test_batches\)",
+                                       caplog.text).groups())
+    assert 0 < tested <= int(batch) < total
     ran = yaml.safe_load((tmp_path / "runs" / recipe / "version_0" / "config.yaml").read_text())
     own = yaml.safe_load((ROOT / "configs" / f"{recipe}.yaml").read_text())
     for key, value in (own.get("model") or {}).items():  # the recipe's own model settings are what ran

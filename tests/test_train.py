@@ -48,8 +48,9 @@ def test_smoke_run_writes_its_record(smoke_run):
     cwd, proc = smoke_run
     run = cwd / "runs" / "smoke" / "version_0"
     record = json.loads((run / "results.json").read_text())
-    _, tested, top1, top5 = re.search(TEST_LINE, proc.stderr).groups()
+    images, tested, top1, top5 = re.search(TEST_LINE, proc.stderr).groups()
     assert (record["test_top1"], record["test_top5"]) == (float(top1), float(top5))
+    assert record["test_images"] == int(images) > 0
     assert run / record["checkpoint"] == Path(tested)
     assert record["best_val_acc"] == pytest.approx(100 * best_val_acc(load(Path(tested))), abs=0.01)
     assert record["recipe"] == "smoke" and record["command"].startswith("python scripts/train.py --config smoke")

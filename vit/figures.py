@@ -196,6 +196,11 @@ PLANS: dict[str, list[Step]] = {
                     ("mixup", "+ Mixup 0.2", ("Mixup 0.2",)), "cpu-choices")],
     # the cpu recipe on Fashion-MNIST as image folders against 2f47865's (its checkout), pinned as a pair
     "fashion-mnist": [Step((_fashion_run(BASELINE), _fashion_run(None)))],
+    # is the cpu recipe starved on image folders (each image read and decoded in the training process)? Its 0
+    # data workers against 2, one run after the other with both cores each (workers need cores of their own)
+    "fashion-workers": [Step((Run("fashion-workers", f"w{n}-s0", f"cpu recipe, {n} data workers, seed 0",
+                                  ("--config", "cpu", "--seed_everything", "0", "--data", "vit.data.ImageFolderDataModule",
+                                   "--data.num_workers", str(n)), data="fashion-mnist"),)) for n in (0, 2)],
 }
 
 # --quick: every step of every plan at toy scale on CPU, on generated data

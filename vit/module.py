@@ -245,6 +245,11 @@ class ViTClassifier(L.LightningModule):
     def on_test_epoch_start(self):
         self.test_predictions: list[tuple[torch.Tensor, torch.Tensor]] = []
 
+    @property
+    def tested_images(self) -> int:
+        """How many images the last test saw (fewer than the test set under ``limit_test_batches``)."""
+        return sum(len(labels) for _, labels in self.test_predictions)
+
     def test_step(self, batch, batch_idx):
         logits = self._evaluate(batch, self.test_loss, self.test_acc, self.test_acc5, "test")
         self.test_predictions.append((logits.float().softmax(-1).cpu(), batch[1].cpu()))  # for vit.report

@@ -10,6 +10,7 @@ this machine, keep their records in results/, and render the pages' tables from 
     make figures ARGS="--plan cpu-round2"           the cpu recipe against 2f47865's (its checkout), 2 seeds each
     make figures ARGS="--plan cpu-choices"          its shape, augmentation and resize stages, one change each
     make figures ARGS="--plan fashion-mnist"        the cpu recipe against 2f47865's on Fashion-MNIST folders
+    make figures ARGS="--plan fashion-workers"      the cpu recipe on those folders with 0 and 2 data workers
     make figures ARGS="--quick"                     every step of every plan at toy scale on CPU (a test runs it)
     make figures ARGS="--render"                    only re-render README and docs/ from results/
     make figures ARGS="--check"                     exit 1 if their tables differ from results/

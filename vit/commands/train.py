@@ -168,7 +168,9 @@ class ViTCLI(LightningCLI):
         metrics = test_on_one_process(self.trainer, self.model, self.datamodule, ckpt)
         if metrics is None:  # (not rank zero)
             return
-        rank_zero_info(f"test on {len(self.datamodule.test_set)} images with {ckpt or 'the final weights'}: "
+        tested, total = self.model.tested_images, len(self.datamodule.test_set)
+        limited = f" (of {total}: --trainer.limit_test_batches)" if tested < total else ""
+        rank_zero_info(f"test on {tested} images{limited} with {ckpt or 'the final weights'}: "
                        f"top-1 {100 * metrics['test/acc']:.2f}%, top-5 {100 * metrics['test/acc5']:.2f}%")
         record = results.record_run(self.trainer, self.model, self.mode, self.argv, ckpt, metrics,
                                     self.resume and self.resume[1])
@@ -195,6 +197,7 @@ def test_on_one_process(trainer: L.Trainer, model, datamodule, ckpt: str | None)
                        precision=trainer.precision_plugin.precision, plugins=[LightningEnvironment()],
                        callbacks=[ProgressBar()] if trainer.progress_bar_callback else [],
                        enable_checkpointing=False, default_root_dir=trainer.default_root_dir,
+                       limit_test_batches=trainer.limit_test_batches,
                        enable_progress_bar=trainer.progress_bar_callback is not None)
     try:
         (metrics,) = tester.test(model, datamodule=datamodule, ckpt_path=ckpt, verbose=False)
