@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 EVERY_STEP = ["--step_checkpoint_minutes", "0.0001"]  # 6 ms: a step checkpoint after every step
-TEST_LINE = r"test on (\d+) images(?: \(of \d+: --trainer.limit_test_batches\))? with (.*): top-1 ([\d.]+)%, top-5 ([\d.]+)%"
+TEST_LINE = r"test on (\d+) images(?: \(of \d+: [^)]+\))? with (.*): top-1 ([\d.]+)%, top-5 ([\d.]+)%"
 
 
 def make_fake_cifar(root: Path, per_batch: int = 100, test_size: int = 200, seed: int = 0) -> Path:

@@ -169,7 +169,9 @@ class ViTCLI(LightningCLI):
         if metrics is None:  # (not rank zero)
             return
         tested, total = self.model.tested_images, len(self.datamodule.test_set)
-        limited = f" (of {total}: --trainer.limit_test_batches)" if tested < total else ""
+        limit = self.trainer.limit_test_batches  # the float 1.0 is all batches; the int 1, one batch
+        why = "--trainer.limit_test_batches" if limit != 1.0 or isinstance(limit, int) else "the rest unreadable"
+        limited = f" (of {total}: {why})" if tested < total else ""
         rank_zero_info(f"test on {tested} images{limited} with {ckpt or 'the final weights'}: "
                        f"top-1 {100 * metrics['test/acc']:.2f}%, top-5 {100 * metrics['test/acc5']:.2f}%")
         record = results.record_run(self.trainer, self.model, self.mode, self.argv, ckpt, metrics,
