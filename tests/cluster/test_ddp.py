@@ -86,8 +86,9 @@ def test_a_stuck_process_ends_the_run_with_a_message_not_a_hang(tmp_path, fake_c
     print(f"rank 0 ended after {seconds:.1f} s with exit {code}")
     assert code == 5, out[-3000:]
     assert "error: process 1: no batch started or finished in 15 s: it is stuck" in out, out[-3000:]
-    stuck = [block for block in out.split("\n\n") if "in on_train_epoch_end" in block]
-    assert stuck and "callbacks.py" in stuck[0], out[-3000:]  # rank 1 says where: StallRank's sleep
+    # rank 1 says where: StallRank's sleep (rank 0's stack, when its own watchdog speaks too, is in another
+    # callback's on_train_epoch_end, waiting in a collective)
+    assert re.search(r'tests/callbacks\.py", line \d+ in on_train_epoch_end', out), out[-3000:]
     assert "error: process 0: no batch started or finished in 15 s" in out or \
         "error: process 0: lost the other processes of this run" in out, out[-3000:]
     assert seconds < 60
