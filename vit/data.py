@@ -21,7 +21,7 @@ from typing import Literal
 
 import lightning as L
 import torch
-from jsonargparse.typing import NonNegativeInt, OpenUnitInterval, PositiveInt
+from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, Subset
 from torch.utils.data import default_collate
@@ -121,7 +121,7 @@ class ImageDataModule(L.LightningDataModule):
         self,
         root: str,
         batch_size: PositiveInt = 128,
-        val_size: PositiveInt | OpenUnitInterval = 0.1,
+        val_size: int | float = 0.1,  # not PositiveInt | OpenUnitInterval: jsonargparse writes 0.1 of that as 0
         num_workers: NonNegativeInt = 4,
         seed: int = 0,
         image_size: PositiveInt = 32,
@@ -143,6 +143,8 @@ class ImageDataModule(L.LightningDataModule):
             auto_augment: autoaugment, randaugment[-N-M] or trivialaugment (per image, in workers).
         """
         super().__init__()
+        if val_size < 1 if isinstance(val_size, int) else not 0 < val_size < 1:
+            raise ConfigError(f"val_size must be a count of images (1 or more) or a fraction in (0, 1), got {val_size}")
         self.root = Path(root)
         self.batch_size, self.val_size, self.num_workers, self.seed = batch_size, val_size, num_workers, seed
         self.image_size = image_size

@@ -134,6 +134,20 @@ class ViTCLI(LightningCLI):
         known = self.resume[1].get("vit", {}).get("wandb_run_id") if self.resume else None
         runs.place_outputs(cfg, run, known)
 
+    def instantiate_classes(self) -> None:
+        """jsonargparse wraps our own error for a bad value, raised by a data module's or the model's __init__,
+        in a ValueError of every alternative it tried: unwrap it, so that it is one line and exit 2; any other
+        error keeps its traceback."""
+        try:
+            super().instantiate_classes()
+        except ValueError as e:
+            cause = e.__cause__
+            while cause is not None and not isinstance(cause, exits.BadInput):
+                cause = cause.__cause__
+            if cause is None:
+                raise
+            raise cause from None
+
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
         """The Trainer as configured, with the launch's strategy and plugins (vit.launch.parallelism) and
         the run's own callbacks (vit.callbacks.run_callbacks)."""
