@@ -1,14 +1,15 @@
-"""README as typed: each ```bash block of README.md runs with `bash -e` in a new shell (a clean environment
-whose PATH has no venv), after README's two set-up commands, in a fresh copy of the repository's files with
-`.venv` linked in (nothing is written into the checkout).
+"""README as typed: each ```bash block of README.md and docs/*.md runs with `bash -e` in a new shell (a clean
+environment whose PATH has no venv), after README's two set-up commands, in a fresh copy of the repository's
+files with `.venv` linked in (nothing is written into the checkout).
 
 A block runs as typed, but for its placeholders (CKPT, DIR, HOST), which become files and values made here,
 and for the options that make a run small (generated CIFAR-10 in `data/`, where a first run downloads it;
-2 optimizer steps; image folders of a few images). A command that cannot run inside a test is listed in
-NOT_RUN with its reason; a command that is neither run nor listed fails
-`test_every_readme_command_is_run_or_listed` (in make test), so a new command gets a decision.
+2 optimizer steps of 8 images). The user's own files are generated: cat.jpg, photos/, image folders (DIR),
+and an exported model folder (exported/). A command that cannot run inside a test is listed in NOT_RUN with
+its reason; a command that is neither run nor listed fails `test_every_command_is_run_or_listed` (in make
+test), so a new command gets a decision.
 
-The blocks' runs take about 4 minutes on 2 cores (each command starts Python and torch): make test-long."""
+The blocks' runs take about 6 minutes on 2 cores (each command starts Python and torch): make test-long."""
 
 import re
 import shlex
@@ -20,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, TEST_LINE, make_fake_cifar, write_images
+from helpers import ROOT, TEST_LINE, make_fake_cifar, run_here, write_images
 
-PAGE = ROOT / "README.md"
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+ACTIVATE = "source .venv/bin/activate"
 SMALL_TRAIN = ["--trainer.max_steps", "2", "--data.batch_size", "8"]  # each added where the command has none
 # A new shell: no venv on PATH, no credentials (W&B logs offline, as it does for a user without them).
 SHELL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -36,19 +38,38 @@ NOT_RUN = {
     r"sbatch ": "submits a job that asks a SLURM cluster for GPUs (tests/cluster submits this script to a "
                 "one-node cluster)",
     r"torchrun --nnodes 2 ": "waits for the second node (tests/cluster runs torchrun across two nodes on one machine)",
-    r"python scripts/train\.py --trainer\.devices 4 ": "needs 4 GPUs (tests/cluster runs DDP on CPU processes)",
-    r"python scripts/train\.py --config finetune_cifar10 ": "downloads timm's ImageNet weights from the Hugging "
-        "Face Hub (tests/test_train.py runs it with a local weights file)",
+    r"python scripts/train\.py .*--trainer\.devices [48] ": "needs 4 or 8 GPUs (tests/cluster runs DDP on CPU "
+                                                            "processes)",
+    r"python scripts/train\.py --config finetune_cifar10 ": "fine-tunes ViT-S/16 at 224 px from timm's ImageNet "
+        "weights, which it downloads (tests/test_train.py runs the offline form with a small timm model)",
+    r"python scripts/train\.py --config vit_cifar10_fast ": "torch.compile's GPU recipe (tests/test_compile.py "
+                                                            "compiles it on CPU, in make test-long)",
+    r"python scripts/export\.py .*--push-to-hub ": "uploads to the Hugging Face Hub (tests/test_hub.py uploads to a "
+                                                   "stand-in)",
     r"make figures$": "measures this machine's whole table, for half an hour or more (tests/test_figures.py runs "
                       "it at toy scale)",
+    r"make figures ARGS=\"--plan ": "an experiment of docs/results.md: hours of training",
+    r"make (install|wheels)\b": "installs or downloads packages (tests/test_install.py installs from a wheel folder)",
+    r"pip install ": "installs into the environment the tests run in",
 }
 
 
 @dataclass
 class Command:
-    line: int   # where it starts in README.md
+    line: int   # where it starts on its page
     code: str   # as typed, continuation lines joined, without its comment
     argv: list[str]
+
+
+@dataclass
+class Block:
+    page: Path
+    line: int
+    commands: list[Command]
+
+    @property
+    def name(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
 
 
 def split_comment(text: str) -> str:
@@ -64,28 +85,29 @@ def split_comment(text: str) -> str:
     return text.rstrip()
 
 
-def blocks(page: Path = PAGE) -> list[tuple[int, list[Command]]]:
-    """Each ```bash block of the page: the line it starts on, and its commands."""
+def blocks(page: Path) -> list[Block]:
+    """Each ```bash block of the page (indented ones in lists too): the line it starts on, and its commands."""
     text = page.read_text()
     found = []
-    for match in re.finditer(r"^```bash\n(.*?)^```", text, re.S | re.M):
+    for match in re.finditer(r"^([ \t]*)```bash\n(.*?)^\1```", text, re.S | re.M):
         first = text[: match.start()].count("\n") + 2
         commands, pending, start = [], "", first
-        for number, raw in enumerate(match.group(1).splitlines(), first):
+        for number, raw in enumerate(match.group(2).splitlines(), first):
+            raw = raw.removeprefix(match.group(1)).rstrip()
             if not pending:
                 start = number
-            if raw.rstrip().endswith("\\"):
-                pending += raw.rstrip()[:-1] + " "
+            if raw.endswith("\\"):
+                pending += raw[:-1] + " "
                 continue
             code = " ".join(split_comment(pending + raw).split())
             pending = ""
             if code:
                 commands.append(Command(start, code, shlex.split(code)))
-        found.append((first, commands))
+        found.append(Block(page, first, commands))
     return found
 
 
-BLOCKS = blocks()
+BLOCKS = [block for page in PAGES for block in blocks(page)]
 
 
 def not_run(command: Command) -> str | None:
@@ -104,27 +126,31 @@ def small_train(argv: list[str]) -> list[str]:
             if name not in argv for word in (name, value)]
 
 
+def program(argv: list[str]) -> str | None:
+    """classify, train, ...: the project's command that ``argv`` runs (its script or its console script)."""
+    match = re.fullmatch(r"python scripts/(\w+)\.py", " ".join(argv[:2])) or re.fullmatch(r"vit-(\w+)", argv[0])
+    return match and match.group(1)
+
+
 def rewrite(command: Command, values: dict[str, str]) -> tuple[str, str] | None:
     """(the line bash runs, what the test then checks) for a command the test runs, or None for one it does not
     know. ``values``: the placeholders' values and the demo's port."""
     code = re.sub(r"\b(CKPT|DIR|HOST)\b", lambda m: values[m.group(1)], command.code)
     argv = without_env(command.argv)
-    words = " ".join(argv[:2])
-    if command.code == "source .venv/bin/activate" or argv[:2] == ["rm", "-rf"]:
+    name = program(argv)
+    if command.code == ACTIVATE or argv[:2] == ["rm", "-rf"]:
         return code, ""
-    if words in ("python scripts/train.py", "vit-train") or argv[:1] == ["vit-train"]:
-        check = "help" if "--help" in argv else "train"
+    if re.fullmatch(r"make figures ARGS=(--check|--render|--help)", command.code):
+        return code, ""
+    if name == "train":
+        check = "help" if "--help" in argv else "test" if "test" in argv[2:3] else "train"
         return " ".join([code, *map(shlex.quote, small_train(argv))]), check
     if argv[:2] == ["make", "train"] and not any(word.startswith("ARGS=") for word in argv):
         return f"{code} ARGS={shlex.quote(' '.join(small_train(argv)))}", "train"
-    tool = re.fullmatch(r"python scripts/(\w+)\.py|(vit-\w+)", words if words.startswith("python") else argv[0])
-    name = tool and (tool.group(1) or tool.group(2).removeprefix("vit-"))
-    if name in ("classify", "rollout", "export"):
-        return code, name
+    if name in ("classify", "rollout", "export"):  # what each writes: its --output, or lines (classify), figures
+        return code, "file " + argv[argv.index("--output") + 1] if "--output" in argv else name
     if name == "demo":  # a server that runs until stopped: until its page answers, on a free port
         return f"page_answers {values['PORT']} {code} --port {values['PORT']}", name
-    if command.code == "make figures ARGS=--check":
-        return code, ""
     return None
 
 
@@ -143,39 +169,38 @@ page_answers() {  # PORT COMMAND...: runs the server COMMAND until http://127.0.
 """
 
 
-def script(commands: list[Command], values: dict[str, str]) -> tuple[str, list[str]]:
+def script(block: Block, values: dict[str, str]) -> tuple[str, list[str]]:
     """The block as bash runs it, and what to check after it."""
     lines, checks = [PAGE_ANSWERS], []
-    for command in commands:
+    for command in block.commands:
         why = not_run(command)
         if why:
             lines.append(f"# not run here: {command.code}  ({why})")
             continue
         done = rewrite(command, values)
-        assert done, f"README.md:{command.line}: {command.code}"
+        assert done, f"{block.page.name}:{command.line}: neither run nor listed: {command.code}"
         lines.append(done[0])
         checks.append(done[1])
     return "\n".join(lines) + "\n", [c for c in checks if c]
 
 
-def test_every_readme_command_is_run_or_listed():
-    """A new command in README gets a decision: run here (a rule in ``rewrite``), or listed in NOT_RUN."""
+def test_every_command_is_run_or_listed():
+    """A new command in README or docs/ gets a decision: run here (a rule in ``rewrite``), or listed in NOT_RUN."""
     values = {"CKPT": "c.ckpt", "DIR": "d", "HOST": "127.0.0.1", "PORT": "1"}
-    commands = [c for _, found in BLOCKS for c in found]
-    unknown = [f"README.md:{c.line}: {c.code}" for c in commands if not not_run(c) and not rewrite(c, values)]
-    assert len(BLOCKS) >= 5 and len(commands) >= 15
+    commands = [(b, c) for b in BLOCKS for c in b.commands]
+    unknown = [f"{b.page.name}:{c.line}: {c.code}" for b, c in commands if not not_run(c) and not rewrite(c, values)]
+    assert sum(b.page.name == "README.md" for b in BLOCKS) >= 5 and len(commands) >= 40
     assert not unknown, "neither run nor listed in tests/test_readme.py:\n" + "\n".join(unknown)
-    stale = [p for p in NOT_RUN if not any(re.match(p, c.code) for c in commands)]
-    assert not stale, f"NOT_RUN lists commands README no longer has: {stale}"
-    assert any(c.code == "source .venv/bin/activate" for c in commands)
+    stale = [p for p in NOT_RUN if not any(re.match(p, c.code) for _, c in commands)]
+    assert not stale, f"NOT_RUN lists commands no page has any more: {stale}"
 
 
 def test_blocks_that_need_the_environment_begin_with_it():
-    """Each block that runs Python or the environment's commands activates .venv before them."""
-    for first, commands in BLOCKS:
-        words = [without_env(c.argv)[0] for c in commands]
-        needs = [i for i, w in enumerate(words) if w in ("python", "torchrun", "wandb") or w.startswith("vit-")]
-        assert not needs or commands[0].code == "source .venv/bin/activate", f"README.md:{first}: {commands[0].code}"
+    """Each block that runs Python, pip or the environment's commands activates .venv before them."""
+    for block in BLOCKS:
+        words = [without_env(c.argv)[0] for c in block.commands]
+        needs = any(w in ("python", "pip", "torchrun", "wandb") or w.startswith("vit-") for w in words)
+        assert not needs or block.commands[0].code == ACTIVATE, f"{block.name}: {block.commands[0].code}"
 
 
 def fresh_copy(dest: Path) -> Path:
@@ -191,13 +216,9 @@ def fresh_copy(dest: Path) -> Path:
     return dest
 
 
-def new_shell(home: Path) -> dict[str, str]:
-    return {"PATH": SHELL_PATH, "HOME": str(home), "LANG": "C.UTF-8"}
-
-
 @dataclass
 class SetUp:
-    cwd: Path       # the clone after README's set-up commands
+    cwd: Path       # the clone after README's set-up commands, with the user's files
     values: dict
     home: Path
     proc: subprocess.CompletedProcess
@@ -205,22 +226,25 @@ class SetUp:
     checks: list
 
 
-def run_block(commands: list[Command], cwd: Path, values: dict, home: Path):
-    text, checks = script(commands, values)
+USER_FILES = ("runs", "data", "photos", "cat.jpg", "exported")  # what a block's clone has from the set-up
+
+
+def run_block(block: Block, cwd: Path, values: dict, home: Path):
+    text, checks = script(block, values)
     path = cwd.parent / f"{cwd.name}.sh"
     path.write_text(text)
-    proc = subprocess.run(["bash", "-e", str(path)], cwd=cwd, env=new_shell(home), capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run(["bash", "-e", str(path)], cwd=cwd, env={"PATH": SHELL_PATH, "HOME": str(home),
+                          "LANG": "C.UTF-8"}, capture_output=True, text=True, timeout=900)
     return proc, text, checks
 
 
-SET_UP = next(i for i, (_, commands) in enumerate(BLOCKS) if any(c.argv[:2] == ["make", "train"] for c in commands))
+SET_UP = next(b for b in BLOCKS if b.page.name == "README.md" and any(c.argv[:2] == ["make", "train"] for c in b.commands))
 
 
 @pytest.fixture(scope="module")
 def set_up(tmp_path_factory) -> SetUp:
     """README's two set-up commands in a fresh clone, with a user's files: CIFAR-10 (generated) where the first
-    run downloads it, cat.jpg, photos/, and image folders (DIR)."""
+    run downloads it, cat.jpg, photos/, image folders (DIR), and the trained model exported (exported/)."""
     if not (ROOT / ".venv" / "bin" / "activate").is_file() or shutil.which("git") is None:
         pytest.skip("needs the checkout's .venv (README's set-up commands make it) and git")
     base = tmp_path_factory.mktemp("readme")
@@ -239,12 +263,16 @@ def set_up(tmp_path_factory) -> SetUp:
     values = {"CKPT": "runs/cpu/version_0/checkpoints/last.ckpt", "DIR": str(folders), "HOST": "127.0.0.1",
               "PORT": str(port)}
     (home := base / "home").mkdir()
-    proc, text, checks = run_block(BLOCKS[SET_UP][1], cwd, values, home)
+    proc, text, checks = run_block(SET_UP, cwd, values, home)
+    if proc.returncode == 0:
+        exported = run_here("export.py", "--checkpoint", cwd / values["CKPT"], "--output", cwd / "exported",
+                            "--format", "timm")
+        assert exported.returncode == 0, exported.stderr
     return SetUp(cwd, values, home, proc, text, checks)
 
 
 def check(kind: str, cwd: Path, out: str) -> None:
-    if kind == "train":
+    if kind in ("train", "test"):
         assert re.search(TEST_LINE, out)
     elif kind == "help":
         assert "--model.arch.dim" in out
@@ -252,8 +280,8 @@ def check(kind: str, cwd: Path, out: str) -> None:
         assert re.search(r"cat\.jpg.*\b(airplane|automobile|bird|cat|deer|dog|frog|horse|ship|truck)\b", out)
     elif kind == "rollout":
         assert any((cwd / "figures").iterdir())
-    elif kind == "export":
-        assert (cwd / "vit-cifar" / "config.json").is_file()
+    elif kind.startswith("file "):
+        assert (cwd / kind.removeprefix("file ")).exists(), kind
     elif kind == "demo":
         assert "page answered: http://127.0.0.1:" in out
     else:
@@ -261,22 +289,24 @@ def check(kind: str, cwd: Path, out: str) -> None:
 
 
 @pytest.mark.long
-@pytest.mark.parametrize("index", range(len(BLOCKS)), ids=[f"README.md:{first}" for first, _ in BLOCKS])
-def test_readme_block_runs_as_typed(index, set_up, tmp_path):
-    if index == SET_UP:
+@pytest.mark.parametrize("block", BLOCKS, ids=[b.name for b in BLOCKS])
+def test_block_runs_as_typed(block, set_up, tmp_path):
+    if block is SET_UP:
         cwd, (proc, text, checks) = set_up.cwd, (set_up.proc, set_up.script, set_up.checks)
     else:
+        assert set_up.proc.returncode == 0, "README's set-up commands failed"
         cwd = fresh_copy(tmp_path / "clone")
-        for kept in ("runs", "data", "photos", "cat.jpg"):  # what the user has after the set-up commands
+        for kept in USER_FILES:
             source = set_up.cwd / kept
             if source.is_dir():
                 shutil.copytree(source, cwd / kept, dirs_exist_ok=True)
             else:
                 shutil.copy2(source, cwd / kept)
-        proc, text, checks = run_block(BLOCKS[index][1], cwd, set_up.values, set_up.home)
+        proc, text, checks = run_block(block, cwd, set_up.values, set_up.home)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"{text}\n--- exit {proc.returncode}:\n{out[-4000:]}"
     assert "Traceback" not in out, out[-4000:]
     for kind in checks:
         check(kind, cwd, out)
-    assert len(re.findall(TEST_LINE, out)) == checks.count("train"), out[-4000:]  # each run trained and tested
+    # each run trained (or evaluated) and tested
+    assert len(re.findall(TEST_LINE, out)) == checks.count("train") + checks.count("test"), out[-4000:]
