@@ -145,8 +145,11 @@ def rewrite(command: Command, values: dict[str, str]) -> tuple[str, str] | None:
     if name == "train":
         check = "help" if "--help" in argv else "test" if "test" in argv[2:3] else "train"
         return " ".join([code, *map(shlex.quote, small_train(argv))]), check
-    if argv[:2] == ["make", "train"] and not any(word.startswith("ARGS=") for word in argv):
-        return f"{code} ARGS={shlex.quote(' '.join(small_train(argv)))}", "train"
+    if argv[:2] == ["make", "train"]:  # the small options join the command's own ARGS
+        words = shlex.split(code)
+        given = next((word.removeprefix("ARGS=") for word in words if word.startswith("ARGS=")), "")
+        small = " ".join([given, *map(shlex.quote, small_train(shlex.split(given)))]).strip()
+        return shlex.join([*(w for w in words if not w.startswith("ARGS=")), f"ARGS={small}"]), "train"
     if name in ("classify", "rollout", "export"):  # what each writes: its --output, or lines (classify), figures
         return code, "file " + argv[argv.index("--output") + 1] if "--output" in argv else name
     if name == "demo":  # a server that runs until stopped: until its page answers, on a free port
