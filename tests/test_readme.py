@@ -9,7 +9,7 @@ and an exported model folder (exported/). A command that cannot run inside a tes
 its reason; a command that is neither run nor listed fails `test_every_command_is_run_or_listed` (in make
 test), so a new command gets a decision.
 
-The blocks' runs take about 6 minutes on 2 cores (each command starts Python and torch): make test-long."""
+The blocks' runs take about 7 minutes on 2 cores (each command starts Python and torch): make test-long."""
 
 import re
 import shlex
@@ -128,8 +128,9 @@ def small_train(argv: list[str]) -> list[str]:
 
 def program(argv: list[str]) -> str | None:
     """classify, train, ...: the project's command that ``argv`` runs (its script or its console script)."""
-    match = re.fullmatch(r"python scripts/(\w+)\.py", " ".join(argv[:2])) or re.fullmatch(r"vit-(\w+)", argv[0])
-    return match and match.group(1)
+    match = re.fullmatch(r"python scripts/(\w+)\.py|vit-(\w+)", " ".join(argv[:2]) if argv[:1] == ["python"]
+                         else " ".join(argv[:1]))
+    return match and (match.group(1) or match.group(2))
 
 
 def rewrite(command: Command, values: dict[str, str]) -> tuple[str, str] | None:
@@ -143,7 +144,8 @@ def rewrite(command: Command, values: dict[str, str]) -> tuple[str, str] | None:
     if re.fullmatch(r"make figures ARGS=(--check|--render|--help)", command.code):
         return code, ""
     if name == "train":
-        check = "help" if "--help" in argv else "test" if "test" in argv[2:3] else "train"
+        mode = argv[2:3] if argv[0] == "python" else argv[1:2]
+        check = "help" if "--help" in argv else "test" if mode == ["test"] else "train"
         return " ".join([code, *map(shlex.quote, small_train(argv))]), check
     if argv[:2] == ["make", "train"]:  # the small options join the command's own ARGS
         words = shlex.split(code)
