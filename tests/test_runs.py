@@ -96,6 +96,21 @@ def test_the_step_is_read_without_reading_the_tensors(tmp_path):
     assert bytes_read() - before < path.stat().st_size / 100
 
 
+def test_a_file_system_that_cannot_map_files_reads_them_whole(tmp_path, monkeypatch):
+    real_load = torch.load
+
+    def no_mmap(*args, mmap=None, **kwargs):
+        if mmap:
+            raise OSError(errno.ENODEV, "mmap: No such device")
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", no_mmap)
+    folder = tmp_path / "run" / runs.CHECKPOINTS
+    write(folder / "step.ckpt", 12, saved=2.0)
+    write(folder / "best-epoch000-acc0.4000.ckpt", 8, saved=1.0)
+    assert runs.saved_step(folder / "step.ckpt") == (12, 2.0) and runs.last_checkpoint(tmp_path / "run").name == "step.ckpt"
+
+
 @pytest.mark.parametrize("refusal", [errno.EINVAL, errno.ENOTSUP])
 def test_a_folder_sync_the_file_system_refuses_is_no_error(tmp_path, monkeypatch, refusal):
     real_fsync = os.fsync

@@ -49,16 +49,19 @@ def wandb_id(run: Path, known: str | None = None) -> str:
 def saved_step(path: Path) -> tuple[int, float | None] | None:
     """(optimizer steps, the time it was saved when it records one) of a checkpoint, read lazily: torch.load
     with ``mmap`` reads the file's small pickle and maps its tensors without reading them, so this costs
-    about the same for a 3 MB file as for a 3 GB one. None when that fails (a torn or corrupt file, which
+    about the same for a 3 MB file as for a 3 GB one. None when reading fails (a torn or corrupt file, which
     ``read_checkpoint`` then names) or the file holds no step."""
     import torch
 
     from vit.checkpoint_io import SAVED_AT
 
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001 - a corrupt file can fail anywhere in torch.load; read_checkpoint says why
-        return None
+    ckpt = None
+    for lazily in (True, False):  # (a file system that cannot map files: read it whole)
+        try:
+            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=lazily)
+            break
+        except Exception:  # noqa: BLE001 - a corrupt file can fail anywhere in torch.load; read_checkpoint says why
+            continue
     step = ckpt.get("global_step") if isinstance(ckpt, dict) else None
     if not isinstance(step, int):
         return None
