@@ -8,6 +8,7 @@ import logging
 import netrc
 import os
 import sys
+from pathlib import Path
 
 from lightning.pytorch.loggers import CSVLogger as _LightningCSVLogger
 from lightning.pytorch.loggers import WandbLogger as _LightningWandbLogger
@@ -35,12 +36,22 @@ def quiet_lightning() -> None:
 
 
 def wandb_credentials_present() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
+    """Whether wandb will find credentials for the W&B server this run logs to, where wandb itself looks:
+    WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE, or the netrc file (NETRC, else ~/.netrc) entry of the server's
+    host (``host:port``, as ``wandb login --host URL`` writes it: api.wandb.ai's, or WANDB_BASE_URL's for a
+    self-hosted server)."""
+    from urllib.parse import urlsplit
+
+    from vit.environment import wandb_base_url
+
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return True
+    path = Path(os.environ.get("NETRC") or "~/.netrc").expanduser()
     try:
-        return netrc.netrc().authenticators("api.wandb.ai") is not None
-    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        entry = netrc.netrc(path).authenticators(urlsplit(wandb_base_url()).netloc)
+    except (netrc.NetrcParseError, OSError):
         return False
+    return entry is not None and bool(entry[2])
 
 
 class WandbLogger(_LightningWandbLogger):
@@ -65,7 +76,10 @@ class WandbLogger(_LightningWandbLogger):
             # wandb's own offline mode (not Lightning's offline=True, which refuses log_model): checkpoint
             # artifacts are kept in the run folder and uploaded by `wandb sync` with the rest
             kwargs["mode"] = "offline"
-            rank_zero_info("wandb: no credentials found (WANDB_API_KEY or `wandb login`), logging offline; "
+            from vit.environment import wandb_base_url
+
+            rank_zero_info(f"wandb: no credentials found for {wandb_base_url()} (WANDB_API_KEY, or `wandb login` "
+                           "in a netrc file), logging offline; "
                            f"upload later with `wandb sync {kwargs.get('save_dir', '.')}/wandb/offline-run-*`")
         super().__init__(*args, **kwargs)
         self._wandb_init.pop("anonymous", None)  # wandb warns that the setting has no effect
