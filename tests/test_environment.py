@@ -257,11 +257,15 @@ def test_the_probe_trusts_the_ca_bundle_wandb_would_use(tmp_path, monkeypatch, n
                                    "No such file or directory)"
 
 
-def test_netrc_credentials_of_a_self_hosted_server_are_found_as_wandb_finds_them(tmp_path, monkeypatch):
-    """`wandb login --host URL` keeps the key in the netrc file under the server's host:port; wandb reads it
-    there (as its own reader, asked in this test, does), and so does the logger's check."""
+@pytest.mark.parametrize("wandb_reader", [True, False])
+def test_netrc_credentials_of_a_self_hosted_server_are_found_as_wandb_finds_them(tmp_path, monkeypatch, wandb_reader):
+    """`wandb login --host URL` keeps the key in the netrc file under the server's host:port (an older wandb,
+    without its own reader, under the host name, read with requests' reader): the key of WANDB_BASE_URL's
+    server counts, W&B's own server's entry does not count for it."""
     from vit.loggers import wandb_credentials_present
 
+    if not wandb_reader:
+        monkeypatch.setitem(sys.modules, "wandb.sdk.lib.wbauth", None)  # (importing it raises ImportError)
     for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
         monkeypatch.delenv(name, raising=False)
     netrc = tmp_path / "netrc"
@@ -270,16 +274,12 @@ def test_netrc_credentials_of_a_self_hosted_server_are_found_as_wandb_finds_them
     monkeypatch.setenv("NETRC", str(netrc))
     monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.org:8443")
     assert not wandb_credentials_present()
-    netrc.write_text(netrc.read_text() + "machine wandb.example.org:8443\n  login user\n  password " + "b" * 40 + "\n")
+    host = "wandb.example.org:8443" if wandb_reader else "wandb.example.org"
+    netrc.write_text(netrc.read_text() + f"machine {host}\n  login user\n  password " + "b" * 40 + "\n")
     assert wandb_credentials_present()
-    try:
-        from wandb.sdk.lib.wbauth import read_netrc_auth
-    except ImportError:
-        read_netrc_auth = None
-    if read_netrc_auth is not None:
-        assert read_netrc_auth(host="https://wandb.example.org:8443") == "b" * 40
     monkeypatch.delenv("WANDB_BASE_URL")
-    assert wandb_credentials_present()  # api.wandb.ai's entry, for W&B's cloud
+    if wandb_reader:  # (the older reader is asked here with this wandb's default URL, not an older one's)
+        assert wandb_credentials_present()  # api.wandb.ai's entry, for W&B's own server behind wandb's default URL
     monkeypatch.setenv("NETRC", str(tmp_path / "none"))
     assert not wandb_credentials_present()
     monkeypatch.setenv("WANDB_API_KEY", "c" * 40)

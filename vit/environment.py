@@ -115,12 +115,14 @@ def nccl_errors_reach_python() -> None:
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
 
 
-WANDB_URL = "https://api.wandb.ai"  # W&B's cloud server: wandb's default when WANDB_BASE_URL is unset
-
-
 def wandb_base_url() -> str:
-    """The W&B server this run logs to: WANDB_BASE_URL (a self-hosted server), else W&B's cloud."""
-    return (os.environ.get("WANDB_BASE_URL") or WANDB_URL).rstrip("/")
+    """The W&B server wandb logs to: WANDB_BASE_URL (a self-hosted server), else wandb's default."""
+    url = os.environ.get("WANDB_BASE_URL")
+    if not url:
+        import wandb
+
+        url = wandb.Settings().base_url
+    return url.rstrip("/")
 
 
 def wandb_unreachable(timeout: float) -> str | None:

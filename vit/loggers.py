@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import csv
 import logging
-import netrc
 import os
 import sys
-from pathlib import Path
 
 from lightning.pytorch.loggers import CSVLogger as _LightningCSVLogger
 from lightning.pytorch.loggers import WandbLogger as _LightningWandbLogger
@@ -36,22 +34,26 @@ def quiet_lightning() -> None:
 
 
 def wandb_credentials_present() -> bool:
-    """Whether wandb will find credentials for the W&B server this run logs to, where wandb itself looks:
-    WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE, or the netrc file (NETRC, else ~/.netrc) entry of the server's
-    host (``host:port``, as ``wandb login --host URL`` writes it: api.wandb.ai's, or WANDB_BASE_URL's for a
-    self-hosted server)."""
-    from urllib.parse import urlsplit
-
+    """Whether wandb will find credentials for the W&B server this run logs to (``wandb_base_url``: W&B's, or
+    WANDB_BASE_URL's self-hosted one), read as wandb reads them: WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE, or
+    the server's entry in the netrc file (NETRC, else ~/.netrc), where `wandb login [--host URL]` writes it."""
     from vit.environment import wandb_base_url
 
     if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return True
-    path = Path(os.environ.get("NETRC") or "~/.netrc").expanduser()
+    url = wandb_base_url()
     try:
-        entry = netrc.netrc(path).authenticators(urlsplit(wandb_base_url()).netloc)
-    except (netrc.NetrcParseError, OSError):
+        from wandb.sdk.lib.wbauth import read_netrc_auth
+    except ImportError:  # an older wandb, which read the netrc file with requests' reader
+        from requests.utils import get_netrc_auth
+
+        return bool(get_netrc_auth(url))
+    from wandb.errors import AuthenticationError
+
+    try:
+        return bool(read_netrc_auth(host=url))
+    except (AuthenticationError, ValueError):  # a malformed key or URL: wandb could not log in with it either
         return False
-    return entry is not None and bool(entry[2])
 
 
 class WandbLogger(_LightningWandbLogger):
