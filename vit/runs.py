@@ -119,7 +119,8 @@ def newest_run(root: Path) -> Path | None:
     (``saved_at``): a copy of the runs (``cp -r``) keeps it, where it resets the files' modification times."""
     latest = {}
     for run in root.iterdir() if root.is_dir() else ():
-        if run.is_dir() and (found := checkpoints(run)):
+        found = [p for p in (run / CHECKPOINTS).glob("*.ckpt") if p.is_file()] if run.is_dir() else []
+        if found:
             latest[run] = max(saved_at(p) for p in found)
     return max(latest, key=latest.get, default=None)
 
