@@ -226,6 +226,9 @@ def test_a_proxys_answer_is_not_a_wandb_server(local_server, monkeypatch, no_pro
     monkeypatch.setenv("WANDB_BASE_URL", "http://wandb.example.org")
     monkeypatch.setenv("http_proxy", url)
     assert wandb_unreachable(5).startswith(f"http://wandb.example.org answered HTTP {said}, ")
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.org")  # https: the proxy refuses the tunnel
+    monkeypatch.setenv("https_proxy", url)
+    assert wandb_unreachable(5) == f"https://wandb.example.org cannot be reached (Tunnel connection failed: {said})"
 
 
 def test_the_probe_trusts_the_ca_bundle_wandb_would_use(tmp_path, monkeypatch, no_proxy, local_server):

@@ -185,7 +185,11 @@ def unreachable(url: str, timeout: float, data: bytes | None = None, accept=None
             with urllib.request.urlopen(request, timeout=timeout, context=ca_context()) as answer:
                 status, body = answer.status, answer.read(65536)
         except urllib.error.HTTPError as e:  # the server (or what stands in its way) answered
-            status, body = e.code, e.read(65536) if e.fp else b""
+            status, body = e.code, b""
+            try:
+                body = e.read(65536) if e.fp else b""
+            except OSError:  # (an answer cut short: its status still says who answered)
+                pass
         except OSError as e:  # URLError, a refused or reset connection, a timeout, TLS, a CA bundle: no route there
             failed.append(f"cannot be reached ({getattr(e, 'reason', e)})")
             return
