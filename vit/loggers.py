@@ -59,8 +59,8 @@ def wandb_credentials_present() -> bool:
 class WandbLogger(_LightningWandbLogger):
     """Lightning's WandbLogger that never waits for an interactive login or an unreachable server: without
     credentials (and without an explicit WANDB_MODE) it logs offline, to be uploaded later with `wandb sync`;
-    with credentials but no route to the W&B server (a compute node), it logs offline after at most
-    ``reach_timeout`` seconds instead of wandb's own 90 s and a traceback. Only rank zero starts the W&B run
+    with credentials but no route to the W&B server (a compute node, or a proxy that answers in its place),
+    it logs offline after at most ``reach_timeout`` seconds instead of wandb's own 90 s and a traceback. Only rank zero starts the W&B run
     (Lightning's ``rank_zero_experiment``), so it alone asks the network, once; the other processes never
     touch W&B."""
 
