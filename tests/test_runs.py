@@ -155,6 +155,7 @@ def test_a_copied_run_resumes_from_its_newest_step_and_its_drafts_are_removed(tm
     for age, name in enumerate([best.name, "last.ckpt", "step.ckpt"]):
         os.utime(checkpoints / name, (2e9 - age * 1e3, 2e9 - age * 1e3))
     assert load(checkpoints / "step.ckpt")["global_step"] == 10 and load(best)["global_step"] == 8
+    assert load(best)["saved_at"] < load(checkpoints / "step.ckpt")["saved_at"]  # as training stamped them
     drafts = [f".step.ckpt.{pid}.tmp" for pid in (4242, 4343)]
     for draft in drafts:
         shutil.copyfile(checkpoints / "last.ckpt", checkpoints / draft)

@@ -60,9 +60,9 @@ class WandbLogger(_LightningWandbLogger):
     """Lightning's WandbLogger that never waits for an interactive login or an unreachable server: without
     credentials (and without an explicit WANDB_MODE) it logs offline, to be uploaded later with `wandb sync`;
     with credentials but no route to the W&B server (a compute node, or a proxy that answers in its place),
-    it logs offline after at most ``reach_timeout`` seconds instead of wandb's own 90 s and a traceback. Only rank zero starts the W&B run
-    (Lightning's ``rank_zero_experiment``), so it alone asks the network, once; the other processes never
-    touch W&B."""
+    it logs offline after at most ``reach_timeout`` seconds instead of wandb's own 90 s and a traceback. Only
+    rank zero starts the W&B run (Lightning's ``rank_zero_experiment``), so it alone asks the network, once;
+    the other processes never touch W&B."""
 
     def __init__(self, *args, project: str | None = None, reach_timeout: float = 10.0, **kwargs):
         """

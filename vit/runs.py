@@ -48,8 +48,8 @@ def wandb_id(run: Path, known: str | None = None) -> str:
 
 def saved_step(path: Path) -> tuple[int, float | None] | None:
     """(optimizer steps, the time it was saved when it records one) of a checkpoint, read lazily: torch.load
-    with ``mmap`` reads the file's small pickle and maps its tensors without reading them, so this costs
-    about the same for a 3 MB file as for a 3 GB one. None when reading fails (a torn or corrupt file, which
+    with ``mmap`` reads the file's pickle and maps its tensors without reading them, so the cost does not
+    grow with the size of the weights. None when reading fails (a torn or corrupt file, which
     ``read_checkpoint`` then names) or the file holds no step."""
     import torch
 
@@ -99,9 +99,11 @@ def saved_at(path: Path) -> float:
     known = saved_step(path)
     return known[1] if known and known[1] is not None else path.stat().st_mtime
 
+
 def newest_readable(run: Path) -> tuple[Path, dict, str] | None:
-    """(path, checkpoint, a line naming each newer file skipped and why, or "") of the run's newest
-    checkpoint that reads; None when the run has none; RunError when it has some and none reads."""
+    """(path, checkpoint, a line naming each file before it skipped and why, or "") of the first checkpoint
+    of ``checkpoints`` (the most steps) that reads; None when the run has none; RunError when it has some
+    and none reads."""
     skipped = []
     for path in checkpoints(run):
         try:
@@ -148,8 +150,8 @@ def resolve(root: Path, ckpt_path: str | None, name: str | None) -> tuple[Path, 
     """(run folder, checkpoint to resume or None, that checkpoint read when ``ckpt_path`` is "last", one line
     to print or None) for a ``fit``.
 
-    ``ckpt_path``: None (a new run), "last" (the newest readable checkpoint of the newest run of ``root``,
-    or of the run ``name``), or a file (its own run folder when it sits in one). ``name``: a run folder
+    ``ckpt_path``: None (a new run), "last" (the readable checkpoint with the most steps of the newest run of
+    ``root``, or of the run ``name``), or a file (its own run folder when it sits in one). ``name``: a run folder
     under ``root`` chosen by the user.
     """
     shared = os.environ.get(ENV)
