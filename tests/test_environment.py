@@ -269,6 +269,8 @@ def test_netrc_credentials_of_a_self_hosted_server_are_found_as_wandb_finds_them
 
     if not wandb_reader:
         monkeypatch.setitem(sys.modules, "wandb.sdk.lib.wbauth", None)  # (importing it raises ImportError)
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path))  # (no settings file of wandb's: its default server)
+    monkeypatch.chdir(tmp_path)
     for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
         monkeypatch.delenv(name, raising=False)
     netrc = tmp_path / "netrc"
@@ -287,6 +289,27 @@ def test_netrc_credentials_of_a_self_hosted_server_are_found_as_wandb_finds_them
     assert not wandb_credentials_present()
     monkeypatch.setenv("WANDB_API_KEY", "c" * 40)
     assert wandb_credentials_present()
+
+
+def test_the_server_wandb_login_host_saved_is_the_one_checked(tmp_path, monkeypatch):
+    """`wandb login --host URL` saves the server in wandb's settings file and its key in the netrc file: without
+    WANDB_BASE_URL, that server's key is the one looked for, and that server the one asked."""
+    from vit.environment import wandb_base_url
+    from vit.loggers import wandb_credentials_present
+
+    for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "settings").write_text("[default]\nbase_url = https://wandb.example.org:8443\n")
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine wandb.example.org:8443\n  login user\n  password " + "b" * 40 + "\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    assert wandb_base_url() == "https://wandb.example.org:8443" and wandb_credentials_present()
+    monkeypatch.setenv("WANDB_BASE_URL", "https://other.example.org")  # the variable comes first, as in wandb
+    assert wandb_base_url() == "https://other.example.org" and not wandb_credentials_present()
 
 
 def test_a_run_behind_a_proxy_that_asks_for_credentials_trains_offline_at_once(tmp_path, fake_cifar_session,

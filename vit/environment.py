@@ -116,12 +116,20 @@ def nccl_errors_reach_python() -> None:
 
 
 def wandb_base_url() -> str:
-    """The W&B server wandb logs to: WANDB_BASE_URL (a self-hosted server), else wandb's default."""
+    """The W&B server wandb logs to, found as wandb finds it: WANDB_BASE_URL (a self-hosted server), else the
+    server `wandb login --host URL` saved in wandb's settings file (in WANDB_CONFIG_DIR, else
+    ~/.config/wandb), else wandb's default."""
     url = os.environ.get("WANDB_BASE_URL")
     if not url:
         import wandb
 
-        url = wandb.Settings().base_url
+        settings = wandb.Settings(silent=True)
+        if hasattr(settings, "update_from_system_settings"):  # (wandb's reader of its settings files; older
+            # wandb has none, and a run there checks its default server)
+            settings.settings_system = str(Path(os.environ.get("WANDB_CONFIG_DIR") or "~/.config/wandb").expanduser()
+                                           / "settings")
+            settings.update_from_system_settings()
+        url = settings.base_url
     return url.rstrip("/")
 
 
