@@ -29,7 +29,8 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 SAVED_AT = "saved_at"
 DRAFT = re.compile(r"\.(?P<name>.+)\.(?P<pid>\d+)\.tmp")  # save_atomically's draft of <name>
 # a folder fsync refused by the file system (some network and FUSE file systems): the rename is done
-FSYNC_REFUSED = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EBADF, errno.EACCES, errno.EPERM}
+FSYNC_REFUSED = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EBADF, errno.EACCES,
+                 errno.EPERM}
 
 
 def draft_of(path: Path) -> Path:

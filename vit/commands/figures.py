@@ -18,11 +18,12 @@ this machine, keep their records in results/, and render the pages' tables from 
 A row that has a record in results/ is not measured again, and a run whose folder exists (runs/figures/
 TABLE/ROW) is resumed: to measure a table again, delete both (rm -r results/cpu runs/figures/cpu).
 
-Each training run and each benchmark runs whole, as one command. With --minutes M, each command it runs
-ends within M minutes instead (a machine that bounds the time of each command): a longer training run stops at an epoch end
-with exit 4 and the next command continues it exactly (--ckpt_path last); a benchmark stops with the
-sections it has not finished, which the next command measures (vit-benchmark --minutes). With
---max-commands N it stops after N commands (exit 4); the same make figures continues where it stopped.
+Each training run and each benchmark runs whole, as one command. With --minutes M (on a machine that
+bounds the time of each command), each command it runs ends within M minutes instead: a longer training
+run stops at an epoch end with exit 4 and the next command continues it exactly (--ckpt_path last); a
+benchmark stops with the sections it has not finished, which the next command measures (vit-benchmark
+--minutes). With --max-commands N it stops after N commands (exit 4); the same make figures continues
+where it stopped.
 
 Exit status: 0 done; 1 a step failed (its own output says why) or a page differs (--check);
 2 a bad argument; 4 stopped by --max-commands: run it again to continue.
