@@ -60,22 +60,33 @@ def stratified_split(labels: torch.Tensor, val_size: int, seed: int) -> tuple[to
 MIN_SHARE = 8  # images per process and step, at least, when a batch is split among processes
 
 
-def split_batch(global_batch: int, processes: int) -> int:
+def split_batch(global_batch: int, processes: int, pairs: bool = False) -> int:
     """Each process's share of the global batch. Every process takes the same share, so that N processes
     see, step by step, the images one process would (vit.resume.EpochOrder) and DDP's mean of their
-    gradients is the one process's gradient."""
-    if processes == 1:
-        return global_batch
+    gradients is the one process's gradient. ``pairs``: each share must be even (Mixup/CutMix mixes a
+    process's images in pairs). A batch that does not split so is refused with the nearest global batches
+    that do, before training: the global batch is never changed for the user."""
     share, rest = divmod(global_batch, processes)
-    if rest:
-        raise ConfigError(f"--data.batch_size {global_batch} is the global batch and must divide among the "
-                          f"{processes} processes of this run: use a multiple of {processes}, "
-                          f"e.g. {global_batch - rest} or {global_batch - rest + processes}")
-    if share < MIN_SHARE:
+    least = MIN_SHARE if processes > 1 else 1
+    if not rest and share >= least and not (pairs and share % 2):
+        return share
+    multiple = 2 if pairs else 1
+    step, smallest = processes * multiple, -(-least // multiple) * multiple * processes
+    sizes = [s for s in ((global_batch - 1) // step * step, max(global_batch // step * step + step, smallest))
+             if s >= smallest]
+    use = " or ".join(str(s) for s in dict.fromkeys(sizes))
+    mixing = " (Mixup/CutMix mixes each process's images in pairs: an even share)" if pairs else ""
+    if share < least and not rest:
         raise ConfigError(f"--data.batch_size {global_batch} split among {processes} processes is {share} images "
                           f"per process and step, fewer than {MIN_SHARE}: too few to keep a device busy. Raise "
-                          f"--data.batch_size to {MIN_SHARE * processes} or more, or use fewer devices")
-    return share
+                          f"--data.batch_size to {smallest} or more, or use fewer devices")
+    if rest:
+        raise ConfigError(f"--data.batch_size {global_batch} is the global batch and must divide among the "
+                          f"{processes} processes of this run{mixing}: use a multiple of {step}, e.g. {use}")
+    where = f"{share} images per process" if processes > 1 else "one process's batch"
+    raise ConfigError(f"--data.batch_size {global_batch} is {where}, an odd number, and Mixup/CutMix (--model.mixup, "
+                      f"--model.cutmix) mixes each process's images in pairs: use {use} (a multiple of {step}), "
+                      f"or turn Mixup and CutMix off")
 
 
 def augmentation(crop_padding: int, hflip: bool, auto_augment: str | None, image_size: int):
@@ -169,8 +180,25 @@ class ImageDataModule(L.LightningDataModule):
         return stratified_split(labels, count, self.seed)
 
     def process_batch(self) -> int:
-        """This process's share of the global batch (``batch_size`` over the Trainer's processes)."""
-        return split_batch(self.batch_size, self.trainer.world_size if self.trainer is not None else 1)
+        """This process's share of the global batch (``batch_size`` over the Trainer's processes; even where
+        the model mixes images in pairs)."""
+        trainer = self.trainer
+        if trainer is None:
+            return self.batch_size
+        return split_batch(self.batch_size, trainer.world_size, getattr(trainer.lightning_module, "mixes_pairs", False))
+
+    def accumulation(self) -> int:
+        """Batches per optimizer step (``--trainer.accumulate_grad_batches``): an epoch is cut into whole
+        optimizer steps, so that B images × K batches train as one batch of B·K would, image for image."""
+        return self.trainer.accumulate_grad_batches if self.trainer is not None else 1
+
+    def check_train_size(self, images: int) -> None:
+        """Refuse a training set too small for one optimizer step, before training."""
+        step = self.batch_size * self.accumulation()
+        if images < step:
+            what = f"one batch of {self.batch_size}" if step == self.batch_size else \
+                f"one optimizer step's {step} ({self.batch_size} × --trainer.accumulate_grad_batches {self.accumulation()})"
+            raise ConfigError(f"the training set has {images} images, fewer than {what}: lower --data.batch_size")
 
     def run_dir(self) -> Path | None:
         """The run folder of the Trainer this module is attached to (vit.runs), if any."""
@@ -192,7 +220,7 @@ class ImageDataModule(L.LightningDataModule):
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         batch = self.process_batch()
         if train:
-            sampler = EpochOrder(dataset, batch, self.seed, self.position, rank, world)
+            sampler = EpochOrder(dataset, batch, self.seed, self.position, rank, world, self.accumulation())
             dataset = SeededSamples(dataset)
         elif world > 1:
             from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
@@ -206,9 +234,7 @@ class ImageDataModule(L.LightningDataModule):
                           collate_fn=collate_fn)
 
     def train_dataloader(self):
-        if len(self.train_set) < self.batch_size:
-            raise ConfigError(f"the training set has {len(self.train_set)} images, fewer than one batch of "
-                             f"{self.batch_size}: lower --data.batch_size")
+        self.check_train_size(len(self.train_set))
         return self._loader(self.train_set, train=True)
 
     def state_dict(self) -> dict:
@@ -280,6 +306,7 @@ class CIFAR10DataModule(ImageDataModule):
             return super().train_dataloader()
         from vit.device_data import DeviceBatches
 
+        self.check_train_size(len(self.train_set))
         trainer = self.trainer
         device = trainer.strategy.root_device if trainer else torch.device("cpu")
         base, idx = self.train_set.dataset, self.train_set.indices
@@ -287,7 +314,7 @@ class CIFAR10DataModule(ImageDataModule):
                              self.seed, position=self.position.begin,
                              rank=trainer.global_rank if trainer else 0,
                              world_size=trainer.world_size if trainer else 1,
-                             padding=self.crop_padding, hflip=self.hflip)
+                             padding=self.crop_padding, hflip=self.hflip, accumulate=self.accumulation())
 
 
 def _skip_unreadable(batch):

@@ -77,12 +77,15 @@ class EpochOrder(DistributedSampler):
     DistributedSampler, so that Lightning leaves it in place under DDP."""
 
     def __init__(self, dataset, batch_size: int, seed: int, position: DataPosition, rank: int = 0,
-                 world_size: int = 1):
+                 world_size: int = 1, accumulate: int = 1):
         super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True)
-        self.batch_size, self.position = batch_size, position
+        self.batch_size, self.position, self.accumulate = batch_size, position, accumulate
 
     def __len__(self) -> int:
-        return len(self.dataset) // self.num_replicas // self.batch_size * self.batch_size
+        """Whole optimizer steps of ``accumulate`` batches: the images a batch ``accumulate`` times larger
+        would take, in the same order."""
+        step = self.batch_size * self.accumulate
+        return len(self.dataset) // self.num_replicas // step * step
 
     def __iter__(self):
         epoch, start = self.position.begin(len(self) // self.batch_size)
@@ -177,10 +180,18 @@ def at_epoch_end(trainer) -> bool:
     return consumed_batches(trainer) >= trainer.num_training_batches
 
 
+def at_step_end(trainer) -> bool:
+    """Whether the batch just trained ended an optimizer step: the last batch of an accumulation window
+    (``--trainer.accumulate_grad_batches``), or of the epoch. A checkpoint or a stop inside a window would
+    lose the gradients summed so far; at a window's end, the consumed batches and the RNG states saved are
+    those the resumed run continues from."""
+    return consumed_batches(trainer) % trainer.accumulate_grad_batches == 0 or at_epoch_end(trainer)
+
+
 class StepCheckpoint(ModelCheckpoint):
     """The rolling step checkpoint: ``<run>/checkpoints/step.ckpt``, rewritten every ``minutes`` of
-    training (Lightning's ``train_time_interval``), mid-epoch; never at an epoch's last step (it is due
-    again at the next one)."""
+    training (Lightning's ``train_time_interval``), mid-epoch, at the end of an optimizer step (never
+    inside an accumulation window); never at an epoch's last step (it is due again at the next one)."""
 
     def __init__(self, dirpath, minutes: float):
         from datetime import timedelta
@@ -191,5 +202,5 @@ class StepCheckpoint(ModelCheckpoint):
                          train_time_interval=timedelta(minutes=minutes))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if not at_epoch_end(trainer):
+        if at_step_end(trainer) and not at_epoch_end(trainer):
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)

@@ -32,6 +32,7 @@ from vit.callbacks import LogConfig, run_callbacks
 from vit.guards import StopAfterMinutes, Watchdog
 from vit.progress import ProgressBar
 from vit.checkpoints import read_checkpoint
+from vit.data import split_batch
 from vit.exits import ConfigError, Stopped
 from vit.loggers import quiet_lightning
 from vit.module import ViTClassifier
@@ -163,6 +164,8 @@ class ViTCLI(LightningCLI):
 
     def fit(self) -> None:
         ckpt = str(self.resume[0]) if self.resume else None
+        if isinstance(getattr(self.datamodule, "batch_size", None), int):  # refused before any process starts
+            split_batch(self.datamodule.batch_size, self.trainer.world_size, self.model.mixes_pairs)
         if self.trainer.world_size > 1:
             launch.join_torchrun_group(self.trainer.strategy.root_device.type,
                                        self.config.ddp_timeout + Watchdog.BACKSTOP)

@@ -1,0 +1,119 @@
+"""Every --data.batch_size that vit-train accepts trains: for each recipe, on 1 and on 2 processes, a global
+batch either completes an optimizer step or is refused before training with one line and exit 2, naming the
+nearest sizes that work (vit.data.split_batch). The global batch is never changed for the user."""
+
+import re
+
+import pytest
+
+from vit import configs
+from vit.data import MIN_SHARE, split_batch
+from vit.exits import ConfigError
+
+MIXING = {"vit_cifar10", "vit_cifar10_fast", "vit_tiny_cifar10"}  # Mixup/CutMix on (timm's needs an even batch)
+
+
+def mixes(recipe: str) -> bool:
+    """Whether the recipe, as its files say (over the default one), has Mixup or CutMix on."""
+    import yaml
+
+    model = {}
+    for name in dict.fromkeys([configs.DEFAULT, recipe]):
+        model.update(yaml.safe_load(configs.path(name).read_text()).get("model") or {})
+    return (model.get("mixup", 0) > 0 or model.get("cutmix", 0) > 0) and model.get("mix_prob", 1.0) > 0
+
+
+def test_the_recipes_that_mix_are_known():
+    assert {r for r in configs.names() if mixes(r)} == MIXING
+
+
+def accepted(batch: int, world: int, pairs: bool) -> bool:
+    """What the split must accept, written out: equal shares, at least MIN_SHARE each on several processes,
+    even shares under Mixup/CutMix."""
+    share, rest = divmod(batch, world)
+    return rest == 0 and share >= (MIN_SHARE if world > 1 else 1) and not (pairs and share % 2)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("recipe", configs.names())
+def test_every_global_batch_splits_or_is_refused_with_the_nearest_sizes_that_work(recipe, world):
+    pairs = mixes(recipe)
+    for batch in range(1, 257):
+        if accepted(batch, world, pairs):
+            assert split_batch(batch, world, pairs) * world == batch  # the global batch, unchanged
+            continue
+        with pytest.raises(ConfigError) as refused:
+            split_batch(batch, world, pairs)
+        message = str(refused.value)
+        assert "\n" not in message and f"--data.batch_size {batch} " in message
+        named = [int(n) for n in re.findall(r"(?:e\.g\.|use|or|to) (\d+)", message)]
+        assert named and all(accepted(n, world, pairs) for n in named), message
+        below = [n for n in range(1, batch) if accepted(n, world, pairs)]
+        above = next(n for n in range(batch + 1, 10 * batch + 64) if accepted(n, world, pairs))
+        assert above in named and (not below or below[-1] in named or "or more" in message), message
+        if pairs and batch % world == 0 and batch // world >= (MIN_SHARE if world > 1 else 1):
+            assert "Mixup/CutMix" in message
+
+
+# Each recipe with its own batch-related settings (Mixup/CutMix, data pipeline, accumulation none), on a tiny
+# model in fp32 (bf16 is emulated on this CPU, and the batch rules do not depend on the precision or the width)
+TINY = ["--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2", "--model.compile", "false",
+        "--trainer.precision", "32-true", "--trainer.accelerator", "cpu", "--trainer.devices", "1"]
+
+
+def share_of(batch: int, world: int, pairs: bool) -> int | None:
+    """The images one process trains per step, or None when the split refuses ``batch``."""
+    try:
+        return split_batch(batch, world, pairs)
+    except ConfigError:
+        return None
+
+
+@pytest.fixture(scope="module")
+def tiny_weights(tmp_path_factory):
+    """finetune_cifar10's timm weights, randomly initialised at the tiny width (no download here)."""
+    import timm
+    import torch
+
+    path = tmp_path_factory.mktemp("weights") / "tiny.pth"
+    model = timm.create_model("vit_small_patch16_224", pretrained=False, embed_dim=16, depth=1, num_heads=2)
+    torch.save(model.state_dict(), path)
+    return path
+
+
+# 1 and 2 processes' global batches: odd and even, the smallest, a whole training set (400) and one more
+SIZES = {1: [1, 2, 15, 16, 400, 401], 2: [2, 15, 16, 30, 32]}
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("recipe", configs.names())
+def test_an_accepted_batch_completes_an_optimizer_step_and_a_refused_one_is_one_line(
+        recipe, world, tmp_path, fake_cifar_session, tiny_weights, capsys, monkeypatch):
+    """vit-train's main() in this process. A global batch the 2-process split accepts is trained here as the
+    share each of the 2 processes trains (tests/cluster/test_ddp.py runs real 2-process ones)."""
+    from vit.commands.train import main
+
+    pairs = mixes(recipe)
+    extra = ["--model.pretrained", str(tiny_weights)] if recipe == "finetune_cifar10" else []
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    for i, batch in enumerate(SIZES[world]):
+        share = share_of(batch, world, pairs)
+        run = tmp_path / str(i)
+        run.mkdir()
+        monkeypatch.chdir(run)
+        code = main(["--config", recipe, *extra, *TINY, "--trainer.enable_model_summary", "false", "--data.root", str(fake_cifar_session),
+                     "--data.val_size", "100", "--data.num_workers", "0", "--trainer.max_steps", "1",
+                     "--trainer.num_sanity_val_steps", "0", "--trainer.logger", "false", "--test_after_fit", "false",
+                     "--trainer.callbacks+=callbacks.CountSteps",
+                     "--data.batch_size", str(share if world > 1 and share else batch)])
+        err = capsys.readouterr().err
+        errors = [line for line in err.splitlines() if line.startswith("error:")]
+        if world > 1 and share is None:  # the 2-process split refused it: nothing to run on one process
+            continue
+        if share is not None and batch <= 400:  # the training set's 400 images
+            assert code == 0, (batch, err[-3000:])
+            (steps,) = (run / "runs").glob("*/version_0/steps.0")
+            assert steps.read_text().split() == ["1"], batch  # one optimizer step, done
+        else:
+            assert code == 2 and len(errors) == 1 and "Traceback" not in err, (batch, err[-3000:])
+            assert re.search(r"(an odd number.*use \d+|fewer than one batch of \d+)", errors[0]), errors[0]
