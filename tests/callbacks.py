@@ -178,3 +178,33 @@ class RaiseAtStep(L.Callback):
         raise torch.distributed.DistBackendError(
             "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=42, OpType=ALLREDUCE, "
             "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600021 milliseconds before timing out.")
+
+
+class SignalAtBatch(L.Callback):
+    """At the end of the run's training batch number ``batch`` (from 1, over the run, whichever optimizer step it
+    is in: inside an accumulation window too), the process gets ``signal``: SIGKILL (as `kill -9`), or SIGUSR1
+    (what SLURM sends before a time limit)."""
+
+    def __init__(self, batch: int = 5, signal: str = "SIGKILL"):
+        self.batch, self.signal = batch, signal
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        import os
+        import signal
+
+        if trainer.fit_loop.epoch_loop.batch_progress.total.processed == self.batch:
+            os.kill(os.getpid(), getattr(signal, self.signal))
+
+
+class PauseAtBatch(L.Callback):
+    """Sleep ``seconds`` after the run's training batch number ``batch`` (from 1, over the run), before the
+    run's own callbacks see that batch: a time-driven step checkpoint then falls due there."""
+
+    def __init__(self, batch: int = 5, seconds: float = 1.5):
+        self.batch, self.seconds = batch, seconds
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        import time
+
+        if trainer.fit_loop.epoch_loop.batch_progress.total.processed == self.batch:
+            time.sleep(self.seconds)
