@@ -117,3 +117,44 @@ def test_an_accepted_batch_completes_an_optimizer_step_and_a_refused_one_is_one_
         else:
             assert code == 2 and len(errors) == 1 and "Traceback" not in err, (batch, err[-3000:])
             assert re.search(r"(an odd number.*use \d+|fewer than one batch of \d+)", errors[0]), errors[0]
+
+
+def test_the_out_of_memory_advice_keeps_each_steps_images_in_a_split_the_cli_accepts(tmp_path, monkeypatch,
+                                                                                      fake_cifar_session):
+    """2 processes, --trainer.accumulate_grad_batches 2, the default recipe (Mixup: even shares): the flags the
+    out-of-memory line gives pass vit-train's own check on 2 processes, and keep the images (and so the lr) of
+    each optimizer step; where each process already takes the fewest images it may (8), the line says so."""
+    import torch
+
+    from vit.commands.train import ViTCLI
+    from vit.environment import out_of_memory_message
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+
+    def cli(*flags: str) -> ViTCLI:
+        made = ViTCLI("fit", ["--config", "vit_cifar10", "--data.root", str(fake_cifar_session), "--trainer.devices",
+                              "2", "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu", "--trainer.logger",
+                              "false", "--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads",
+                              "2", *flags], [])
+        assert made.trainer.world_size == 2
+        made.check_batch()  # what vit-train does before it starts the processes: refuses, or passes
+        made.trainer.strategy.connect(made.model)
+        made.datamodule.trainer = made.trainer
+        return made
+
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+    for total in (16, 24, 32, 48, 64, 128, 200):
+        message = out_of_memory_message(oom, cli("--data.batch_size", str(total),
+                                                 "--trainer.accumulate_grad_batches", "2").datamodule)
+        assert "\n" not in message and f"with {total // 2} images per device" in message
+        advised = re.search(r"Try --data.batch_size (\d+) --trainer.accumulate_grad_batches (\d+) \(the same "
+                            rf"{2 * total} images and lr per optimizer step, (\d+) per device at a time\)", message)
+        if total // 2 < 2 * MIN_SHARE:  # no smaller even share of 8 or more
+            assert advised is None and "each device already takes the fewest images the split allows" in message
+            continue
+        assert advised, message
+        batch, k, share = map(int, advised.groups())
+        assert batch * k == 2 * total and share < total // 2 and share >= MIN_SHARE
+        again = cli("--data.batch_size", str(batch), "--trainer.accumulate_grad_batches", str(k))
+        assert again.datamodule.process_batch() == share and again.trainer.accumulate_grad_batches == k
