@@ -208,3 +208,24 @@ class PauseAtBatch(L.Callback):
 
         if trainer.fit_loop.epoch_loop.batch_progress.total.processed == self.batch:
             time.sleep(self.seconds)
+
+
+class BreakBatch(L.Callback):
+    """When training starts, the image files of loader batch ``batch`` of epoch 0 on process ``rank`` (None: every
+    process) become unreadable, as files removed or damaged after the run's setup check would: their training
+    batch has no image to train on there."""
+
+    def __init__(self, batch: int = 3, rank: int | None = None):
+        self.batch, self.rank = batch, rank
+
+    def on_train_start(self, trainer, pl_module):
+        from vit.resume import DataPosition, EpochOrder
+
+        if self.rank not in (None, trainer.global_rank):
+            return
+        subset, size = trainer.datamodule.train_set, trainer.datamodule.process_batch()
+        order = EpochOrder(subset, size, trainer.datamodule.seed, DataPosition(), trainer.global_rank, trainer.world_size)
+        picked = [index for index, _ in order][self.batch * size:(self.batch + 1) * size]
+        for index in picked:
+            with open(subset.dataset.samples[subset.indices[index]][0], "w") as f:
+                f.write("no longer an image")

@@ -158,3 +158,71 @@ def test_the_out_of_memory_advice_keeps_each_steps_images_in_a_split_the_cli_acc
         assert batch * k == 2 * total and share < total // 2 and share >= MIN_SHARE
         again = cli("--data.batch_size", str(batch), "--trainer.accumulate_grad_batches", str(k))
         assert again.datamodule.process_batch() == share and again.trainer.accumulate_grad_batches == k
+
+
+def folders(root, classes: int = 4, per_class: int = 10):
+    from helpers import write_images
+
+    for i, colour in enumerate([(200, 20, 20), (20, 200, 20), (20, 20, 200), (200, 200, 20)][:classes]):
+        write_images(root / "train" / f"c{i}", per_class, colour, size=24, seed=i)
+    return root
+
+
+def test_a_batch_whose_images_all_fail_to_load_is_skipped_naming_its_files(tmp_path, monkeypatch, capsys):
+    """Image folders, 36 training images in 9 batches of 4; the files of batch 3 are damaged after the setup
+    check: that batch is skipped with one line naming its 4 files, and the epoch trains the other 8, validates
+    and ends as any epoch (its checkpoints, the test)."""
+    from vit.commands.train import main
+
+    root = folders(tmp_path / "photos")
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.chdir(tmp_path)
+    code = main(["--config", "smoke", "--data", "vit.data.ImageFolderDataModule", "--data.root", str(root),
+                 "--data.batch_size", "4", "--data.val_size", "4", "--data.num_workers", "0", "--trainer.max_epochs",
+                 "1", "--trainer.logger", "false", "--trainer.callbacks+=callbacks.BreakBatch",
+                 "--trainer.callbacks+=callbacks.CountSteps", "--trainer.enable_model_summary", "false"])
+    err = capsys.readouterr().err
+    assert code == 0, err[-3000:]
+    (skipped,) = [line for line in err.splitlines() if "skipped a training batch" in line]
+    named = re.search(r"warning: skipped a training batch: none of its images could be read \((.*)\)$", skipped)
+    assert named and len(named.group(1).split(", ")) == 4 and all(str(root) in p for p in named.group(1).split(", "))
+    run = tmp_path / "runs/smoke/version_0"
+    assert (run / "steps.0").read_text().split() == [str(s) for s in range(1, 9)]
+    assert "Traceback" not in err and load_ckpt(run / "checkpoints/last.ckpt")["global_step"] == 8
+
+
+def load_ckpt(path):
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def test_a_skipped_batch_counts_in_the_data_position_so_a_resume_reads_on_where_the_run_stopped(tmp_path):
+    """The loader's position in a checkpoint is the batches the loop consumed plus those skipped before them:
+    resumed after 2 or 4 consumed batches (batch 2 of the loader skipped), the loader gives what the
+    uninterrupted one gave after them."""
+    from types import SimpleNamespace
+
+    from vit.data import ImageFolderDataModule
+    from vit.resume import DataPosition, EpochOrder
+
+    dm = ImageFolderDataModule(root=str(folders(tmp_path / "photos")), batch_size=4, val_size=4, num_workers=0)
+    dm.setup("fit")
+    order = [index for index, _ in EpochOrder(dm.train_set, 4, dm.seed, DataPosition())]
+    for index in order[8:12]:  # loader batch 2 of epoch 0
+        with open(dm.train_set.dataset.samples[dm.train_set.indices[index]][0], "w") as f:
+            f.write("no longer an image")
+
+    def labels(loader):
+        return [(batch[1].tolist(), int(batch[0].long().sum())) for batch in loader]
+
+    dm.position.epochs = 0
+    whole = labels(dm.train_dataloader())
+    assert len(whole) == 8 and dm.position.skipped == [2]
+    for consumed, position in ((2, 2), (4, 5)):
+        done = SimpleNamespace(fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=SimpleNamespace(
+            current=SimpleNamespace(processed=consumed)))))
+        state = dm.position.state_dict(done)
+        assert (state["epoch"], state["batches"], state["skipped"]) == (0, position, position - consumed)
+        dm.position.load_state_dict(state)
+        assert labels(dm.train_dataloader()) == whole[consumed:]

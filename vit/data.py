@@ -317,9 +317,70 @@ class CIFAR10DataModule(ImageDataModule):
                              padding=self.crop_padding, hflip=self.hflip, accumulate=self.accumulation())
 
 
-def _skip_unreadable(batch):
-    """collate_fn: drop the images that failed to load after the setup check (see ClassFolder)."""
-    return default_collate([sample for sample in batch if sample is not None])
+class Unreadable(str):
+    """The path of an image that failed to load after the setup check (a sample in its place)."""
+
+
+class UnreadableBatch(list):
+    """The paths of a batch none of whose images could be read (what the collate gives in its place)."""
+
+
+def _skip_unreadable(batch, pairs: bool = False):
+    """collate_fn: drop the images that failed to load after the setup check (see ClassFolder); with ``pairs``
+    (Mixup/CutMix), an odd one too. None left: the batch's unreadable paths, an ``UnreadableBatch``."""
+    readable = [sample for sample in batch if not isinstance(sample, Unreadable)]
+    if pairs and len(readable) % 2:
+        readable = readable[:-1]
+    if not readable:
+        return UnreadableBatch(sample for sample in batch if isinstance(sample, Unreadable))
+    return default_collate(readable)
+
+
+class SkipUnreadable:
+    """A loader of image folders without its batches none of whose images could be read. Training: skipped on
+    every process alike (all processes agree on each batch, in a gloo all-reduce that leaves the devices alone:
+    skipping on one process only would desynchronise DDP's collectives), each counted in the data position
+    (vit.resume.DataPosition), so that a resumed run reads on where it stopped. Validation and test: skipped
+    by the process that reads it. Each skip is one line naming the files."""
+
+    def __init__(self, loader: DataLoader, position: DataPosition | None, rank: int = 0, world: int = 1,
+                 what: str = "training"):
+        self.loader, self.position, self.rank, self.world, self.what = loader, position, rank, world, what
+        self.group = None
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def _agree(self, unreadable: bool) -> bool:
+        """Whether any process's batch is unreadable: one all-reduce, issued by every process for every batch."""
+        import torch.distributed as dist
+
+        if self.position is None or self.world == 1 or not dist.is_initialized():
+            return unreadable
+        if self.group is None:  # the first batch: every process makes the group here, in the same order
+            self.group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        flag = torch.tensor([int(unreadable)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(flag.item())
+
+    def __iter__(self):
+        for batch in self.loader:
+            unreadable = isinstance(batch, UnreadableBatch)
+            if not self._agree(unreadable):
+                if self.position is not None:
+                    self.position.yielded += 1
+                yield batch
+                continue
+            if self.position is not None:
+                self.position.skipped.append(self.position.yielded)
+            where = f"process {self.rank}: " if self.world > 1 else ""
+            alike = " on every process" if self.world > 1 and self.position is not None else ""
+            if unreadable:
+                print(f"warning: {where}skipped a {self.what} batch{alike}: none of its images could be read "
+                      f"({', '.join(batch)})", file=sys.stderr)
+            elif self.rank == 0:
+                print(f"warning: skipped a {self.what} batch on every process: another process could read none "
+                      f"of its images (it names them)", file=sys.stderr)
 
 
 class ClassFolder(ImageFolder):
@@ -345,7 +406,7 @@ class ClassFolder(ImageFolder):
             image = self.loader(path)
         except ImageError as e:
             print(f"warning: skipping {path}: {e}", file=sys.stderr)
-            return None
+            return Unreadable(path)
         return self.transform(image), target
 
 
@@ -424,5 +485,10 @@ class ImageFolderDataModule(ImageDataModule):
             rank_zero_info(f"{self.root} has no test/ folder: the validation images are used for the test")
         self.train_set, self.val_set, self.test_set = train, val, test or val
 
-    def _loader(self, dataset, train: bool, collate_fn=None) -> DataLoader:
-        return super()._loader(dataset, train, collate_fn=_skip_unreadable)
+    def _loader(self, dataset, train: bool, collate_fn=None) -> SkipUnreadable:
+        trainer = self.trainer
+        pairs = train and trainer is not None and getattr(trainer.lightning_module, "mixes_pairs", False)
+        loader = super()._loader(dataset, train, collate_fn=partial(_skip_unreadable, pairs=pairs))
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        return SkipUnreadable(loader, self.position if train else None, rank, world,
+                              "training" if train else "validation or test")

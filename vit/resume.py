@@ -45,30 +45,36 @@ def consumed_batches(trainer) -> int:
 class DataPosition:
     """Which epoch a new train iterator is, and its first batch. Epochs are counted as iterators are made
     (Lightning makes the first one of a fit before it restores its own epoch counter); a checkpoint taken
-    mid-epoch makes the next iterator continue that epoch after its consumed batches."""
+    mid-epoch makes the next iterator continue that epoch after its consumed batches. A loader that skips
+    batches (vit.data.SkipUnreadable) notes, for each one it skips, how many it had given the loop before
+    (``skipped``): the loader's position is the loop's consumed batches plus the ones skipped before them."""
 
     def __init__(self):
         self.epochs = 0  # iterators made
         self.epoch = 0  # the newest iterator's epoch
-        self.resume_at: tuple[int, int] | None = None  # (epoch, consumed batches) of a mid-epoch checkpoint
+        self.resume_at: tuple[int, int, int] | None = None  # (epoch, loader batches, skipped) of a mid-epoch checkpoint
+        self.yielded = 0  # batches the newest iterator has given the loop, counted as the loop counts its epoch
+        self.skipped: list[int] = []  # of the newest iterator's skipped batches, ``yielded`` when each was skipped
 
     def begin(self, batches: int) -> tuple[int, int]:
         """(epoch, first batch) of a new iterator over ``batches`` batches."""
         resume, self.resume_at = self.resume_at, None
         if resume is not None and 0 < resume[1] < batches:
-            self.epoch, start = resume
+            (self.epoch, start, skipped) = resume
         else:
-            self.epoch, start = self.epochs, 0
+            self.epoch, start, skipped = self.epochs, 0, 0
             self.epochs += 1
+        self.yielded, self.skipped = start - skipped, [-1] * skipped  # (those skipped before the resumed batch)
         return self.epoch, start
 
     def state_dict(self, trainer) -> dict:
-        return {"train_epochs": self.epochs, "epoch": self.epoch,
-                "batches": consumed_batches(trainer) if trainer is not None else 0}
+        consumed = consumed_batches(trainer) if trainer is not None else 0
+        skipped = sum(1 for yielded in self.skipped if yielded < consumed)
+        return {"train_epochs": self.epochs, "epoch": self.epoch, "batches": consumed + skipped, "skipped": skipped}
 
     def load_state_dict(self, state: dict) -> None:
         self.epochs = state.get("train_epochs", 0)
-        self.resume_at = (state["epoch"], state["batches"]) if "batches" in state else None
+        self.resume_at = (state["epoch"], state["batches"], state.get("skipped", 0)) if "batches" in state else None
 
 
 class EpochOrder(DistributedSampler):
@@ -175,9 +181,11 @@ class RNGStates(L.Callback):
 
 
 def at_epoch_end(trainer) -> bool:
-    """Whether the step just taken was the epoch's last: its end-of-epoch checkpoints follow, after the
-    validation. A step checkpoint there would be resumed as a finished epoch and skip that validation."""
-    return consumed_batches(trainer) >= trainer.num_training_batches
+    """Whether the step just taken was the epoch's last (the loader's last batch: fewer than its length where
+    it skipped some): its end-of-epoch checkpoints follow, after the validation. A step checkpoint there would
+    be resumed as a finished epoch and skip that validation."""
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    return consumed_batches(trainer) >= trainer.num_training_batches or progress.is_last_batch
 
 
 def at_step_end(trainer) -> bool:
