@@ -143,8 +143,9 @@ class ImageDataModule(L.LightningDataModule):
         """
         Args:
             root: where the dataset is.
-            batch_size: the global batch: images per optimizer step, all processes together; N processes
-                take batch_size / N each (vit.data.split_batch), so a recipe trains the same on 1 or 16 devices.
+            batch_size: the global batch: images per step, all processes together (an optimizer step takes
+                --trainer.accumulate_grad_batches of them); N processes take batch_size / N each
+                (vit.data.split_batch), so a recipe trains the same on 1 or 16 devices.
             val_size: validation images split off the training set: a count, or a fraction in (0, 1).
             num_workers: DataLoader worker processes per loader.
             seed: seed of the validation split.
