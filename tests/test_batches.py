@@ -126,11 +126,14 @@ def test_the_out_of_memory_advice_keeps_each_steps_images_in_a_split_the_cli_acc
     each optimizer step; where each process already takes the fewest images it may (8), the line says so."""
     import torch
 
+    from vit import runs
     from vit.commands.train import ViTCLI
     from vit.environment import out_of_memory_message
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv(runs.ENV, "")  # the run folder each ViTCLI names there is forgotten after the test
+    monkeypatch.delenv(runs.ENV)
 
     def cli(*flags: str) -> ViTCLI:
         made = ViTCLI("fit", ["--config", "vit_cifar10", "--data.root", str(fake_cifar_session), "--trainer.devices",
@@ -226,3 +229,21 @@ def test_a_skipped_batch_counts_in_the_data_position_so_a_resume_reads_on_where_
         assert (state["epoch"], state["batches"], state["skipped"]) == (0, position, position - consumed)
         dm.position.load_state_dict(state)
         assert labels(dm.train_dataloader()) == whole[consumed:]
+
+
+def test_evaluation_takes_any_batch_under_mixup(fake_cifar):
+    """Mixup/CutMix mixes training batches only: a test or validation batch may be odd (vit-train test)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from vit.data import CIFAR10DataModule
+
+    dm = CIFAR10DataModule(root=str(fake_cifar), val_size=100, num_workers=0, batch_size=31)
+    dm.trainer = SimpleNamespace(world_size=1, global_rank=0, accumulate_grad_batches=1,
+                                 lightning_module=SimpleNamespace(mixes_pairs=True),
+                                 strategy=SimpleNamespace(root_device=torch.device("cpu")))
+    dm.setup("fit")
+    assert [len(labels) for _, labels in dm.val_dataloader()] == [31, 31, 31, 7]
+    with pytest.raises(ConfigError, match="use 30 or 32"):
+        dm.train_dataloader()

@@ -180,13 +180,14 @@ class ImageDataModule(L.LightningDataModule):
         count = self.val_size if isinstance(self.val_size, int) else max(1, round(self.val_size * len(labels)))
         return stratified_split(labels, count, self.seed)
 
-    def process_batch(self) -> int:
-        """This process's share of the global batch (``batch_size`` over the Trainer's processes; even where
-        the model mixes images in pairs)."""
+    def process_batch(self, train: bool = True) -> int:
+        """This process's share of the global batch (``batch_size`` over the Trainer's processes; in training,
+        even where the model mixes images in pairs)."""
         trainer = self.trainer
         if trainer is None:
             return self.batch_size
-        return split_batch(self.batch_size, trainer.world_size, getattr(trainer.lightning_module, "mixes_pairs", False))
+        pairs = train and getattr(trainer.lightning_module, "mixes_pairs", False)
+        return split_batch(self.batch_size, trainer.world_size, pairs)
 
     def accumulation(self) -> int:
         """Batches per optimizer step (``--trainer.accumulate_grad_batches``): an epoch is cut into whole
@@ -219,7 +220,7 @@ class ImageDataModule(L.LightningDataModule):
     def _loader(self, dataset, train: bool, collate_fn=None) -> DataLoader:
         trainer = self.trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        batch = self.process_batch()
+        batch = self.process_batch(train)
         if train:
             sampler = EpochOrder(dataset, batch, self.seed, self.position, rank, world, self.accumulation())
             dataset = SeededSamples(dataset)

@@ -52,7 +52,7 @@ class DataPosition:
     def __init__(self):
         self.epochs = 0  # iterators made
         self.epoch = 0  # the newest iterator's epoch
-        self.resume_at: tuple[int, int, int] | None = None  # (epoch, loader batches, skipped) of a mid-epoch checkpoint
+        self.resume_at: tuple[int, ...] | None = None  # (epoch, loader batches[, skipped]) of a mid-epoch checkpoint
         self.yielded = 0  # batches the newest iterator has given the loop, counted as the loop counts its epoch
         self.skipped: list[int] = []  # of the newest iterator's skipped batches, ``yielded`` when each was skipped
 
@@ -60,7 +60,7 @@ class DataPosition:
         """(epoch, first batch) of a new iterator over ``batches`` batches."""
         resume, self.resume_at = self.resume_at, None
         if resume is not None and 0 < resume[1] < batches:
-            (self.epoch, start, skipped) = resume
+            self.epoch, start, skipped = (*resume, 0)[:3]  # (skipped: none unless said)
         else:
             self.epoch, start, skipped = self.epochs, 0, 0
             self.epochs += 1
