@@ -247,3 +247,17 @@ def test_evaluation_takes_any_batch_under_mixup(fake_cifar):
     assert [len(labels) for _, labels in dm.val_dataloader()] == [31, 31, 31, 7]
     with pytest.raises(ConfigError, match="use 30 or 32"):
         dm.train_dataloader()
+
+
+def test_a_batch_that_lost_images_keeps_pairs_under_mixup_and_names_its_files_when_none_is_left():
+    import torch
+
+    from vit.data import Unreadable, UnreadableBatch, _skip_unreadable
+
+    good = [(torch.zeros(3, 4, 4, dtype=torch.uint8), i) for i in range(3)]
+    images, labels = _skip_unreadable([*good, Unreadable("d.png")], pairs=True)
+    assert labels.tolist() == [0, 1]  # Mixup/CutMix mixes pairs: 2 of the 3 readable images
+    images, labels = _skip_unreadable([*good, Unreadable("d.png")])
+    assert labels.tolist() == [0, 1, 2]
+    assert _skip_unreadable([good[0], Unreadable("b.png")], pairs=True) == UnreadableBatch(["b.png"])
+    assert _skip_unreadable([Unreadable("a.png"), Unreadable("b.png")]) == ["a.png", "b.png"]
