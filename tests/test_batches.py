@@ -154,7 +154,7 @@ def test_the_out_of_memory_advice_keeps_each_steps_images_in_a_split_the_cli_acc
         advised = re.search(r"Try --data.batch_size (\d+) --trainer.accumulate_grad_batches (\d+) \(the same "
                             rf"{2 * total} images and lr per optimizer step, (\d+) per device at a time\)", message)
         if total // 2 < 2 * MIN_SHARE:  # no smaller even share of 8 or more
-            assert advised is None and "each device already takes the fewest images the split allows" in message
+            assert advised is None and "Each device already takes the fewest images the split allows; try a smaller" in message
             continue
         assert advised, message
         batch, k, share = map(int, advised.groups())

@@ -72,13 +72,11 @@ def out_of_memory_message(error: BaseException, datamodule) -> str:
                f"--trainer.accumulate_grad_batches, {rest}"
     share, (flags, passes) = datamodule.process_batch(), smaller_passes(trainer, total)
     line = f"the accelerator ran out of memory with {share} images per device (the global batch {total} split " \
-           f"among the processes). Try "
+           f"among the processes)."
     if flags:
-        line += f"{flags} (the same {total * trainer.accumulate_grad_batches} images and lr per optimizer step, " \
-                f"{passes} per device at a time), "
-    else:
-        line += f"(each device already takes the fewest images the split allows, {share}) "
-    return line + rest
+        return f"{line} Try {flags} (the same {total * trainer.accumulate_grad_batches} images and lr per optimizer " \
+               f"step, {passes} per device at a time), {rest}"
+    return f"{line} Each device already takes the fewest images the split allows; try {rest}"
 
 
 def smaller_passes(trainer, total: int) -> tuple[str | None, int]:
