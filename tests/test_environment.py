@@ -84,8 +84,8 @@ def test_the_resume_command_continues_the_same_run_folder(monkeypatch, tmp_path)
 
 @pytest.mark.parametrize("error, status, message", [
     ("oom", 7, "error: the accelerator ran out of memory with 50 images per device (the global batch 50 split among "
-               "the processes). Try --data.batch_size 25 --trainer.accumulate_grad_batches 2 (the same global batch "
-               "and lr in two passes)"),
+               "the processes). Try --data.batch_size 25 --trainer.accumulate_grad_batches 2 (the same 50 images "
+               "and lr per optimizer step, 25 per device at a time)"),
     ("nccl", 5, "error: process 0: lost the other processes of this run ([Rank 0] Watchdog caught collective "
                 "operation timeout: WorkNCCL(SeqNum=42, OpType=ALLREDUCE"),
 ])
