@@ -5,11 +5,9 @@ BIN    := $(VENV)/bin
 ARGS   ?=
 # Where packages come from: the index (default), or WHEELS=DIR, a folder `make wheels` filled on a machine
 # with network (an offline compute node installs from it alone).
-WHEELS ?=
 # SYSTEM_SITE=1: the venv sees the environment's packages (a cluster's torch module or container) and keeps
 # each one that satisfies pyproject.toml's ranges; without it, CI's exact versions (constraints.txt) apply.
 # Once given, later calls keep it (.installed records it); `make install SYSTEM_SITE=` goes back.
-SYSTEM_SITE ?=
 # EXTRAS=demo,onnx: the optional parts (vit-demo's page, the ONNX export). `make install` alone installs what
 # vit-train, vit-classify, vit-rollout and vit-export --format timm need; `make test` adds the test tools.
 EXTRAS ?=
