@@ -52,8 +52,8 @@ CHECK_INDEX = $(if $(WHEELS),,$(if $(INDEX_ANSWERS),,$(error $(NO_INDEX))))
 
 install: $(VENV)/.installed $(foreach e,$(EXTRA_NAMES),$(VENV)/.installed-$(e))
 
-$(BIN)/python:
-	$(PYTHON) -m venv $(if $(SYSTEM_SITE),--system-site-packages) $(VENV)
+$(BIN)/python:  # quietly: where no index answers, the one line below is all a job's log shows
+	@$(PYTHON) -m venv $(if $(SYSTEM_SITE),--system-site-packages) $(VENV)
 
 $(VENV)/.installed: pyproject.toml constraints.txt $(if $(CHANGED),FORCE) | $(BIN)/python
 	$(CHECK_INDEX)
