@@ -224,3 +224,26 @@ def test_time_suite_times_make_test_in_a_fresh_clone_and_writes_its_record(tmp_p
     assert record["exit_status"] == 0 and record["summary"].startswith("1 passed") and 0 < record["wall_seconds"] < 600
     assert record["command"] == "make test ARGS='-p no:cacheprovider tests/test_layout.py -k import_cycles'"
     assert record["cpu"] and record["cpu_cores"] >= 1
+
+
+def test_lowest_versions_pins_each_direct_dependency_at_its_bound():
+    """make test-lowest's list: pyproject's lower bounds, the extras' too, torch as given."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    script = [sys.executable, str(ROOT / "scripts" / "lowest_versions.py")]
+    proc = subprocess.run([*script, "torch==2.14.1", "torchvision==0.29.1"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    pins = {Requirement(line).name: Requirement(line) for line in proc.stdout.splitlines()}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = [Requirement(r) for r in [*project["dependencies"], *sum(project["optional-dependencies"].values(), [])]]
+    assert set(pins) == {r.name for r in declared if r.name != "vit-lightning"}
+    for req in declared:
+        if req.name in pins and req.name not in ("torch", "torchvision"):
+            (floor,) = [s.version for s in req.specifier if s.operator == ">="]
+            assert str(pins[req.name].specifier) == f"=={floor}" and pins[req.name].extras == req.extras
+    assert str(pins["torch"].specifier) == "==2.14.1" and str(pins["torchvision"].specifier) == "==0.29.1"
+    wrong = subprocess.run([*script, "numpy==2.0"], capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 1 and wrong.stderr.strip().endswith("not a direct dependency in "
+                                                                  f"{ROOT / 'pyproject.toml'}: numpy")
