@@ -87,7 +87,8 @@ def test_without_gradio_or_with_a_bad_checkpoint_it_says_so(tmp_path, monkeypatc
     assert "not a readable checkpoint" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "gradio", None)  # as where the demo extra is not installed
     assert main(["--checkpoint", str(tmp_path / "bad.ckpt")]) == 2
-    assert capsys.readouterr().err.strip() == "error: vit-demo needs Gradio: pip install 'vit-lightning[demo]'"
+    assert capsys.readouterr().err.strip() == ("error: vit-demo needs Gradio: make install EXTRAS=demo (or pip install "
+                                               "'vit-lightning[demo]')")
     # what the demo extra alone must carry: the page's code needs neither the training stack nor ONNX
     heavy = subprocess.run([sys.executable, "-c", "import sys, vit.commands.demo, vit.demo; print(sorted({m.split('.')[0] "
                             "for m in sys.modules} & {'lightning', 'wandb', 'onnx', 'onnxruntime', 'selenium'}))"],

@@ -121,6 +121,17 @@ def test_onnx_is_one_file_taking_uint8_images(trained_checkpoint, tmp_path):
     assert json.loads(props["class_names"]) == ours.class_names
 
 
+def test_onnx_without_its_extra_is_one_line_before_any_work(tmp_path, monkeypatch, capsys):
+    """`make install` leaves the ONNX extra out: the export says how to add it, before reading the checkpoint."""
+    from vit.commands.export import main
+
+    monkeypatch.setitem(sys.modules, "onnxscript", None)  # as where the onnx extra is not installed
+    assert main(["--checkpoint", str(tmp_path / "nowhere.ckpt"), "--output", str(tmp_path / "model.onnx")]) == 2
+    assert capsys.readouterr().err == ("error: the ONNX export needs onnxscript: make install EXTRAS=onnx (or pip "
+                                       "install 'vit-lightning[onnx]')\n")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_finetune_from_a_timm_folder_takes_its_weights_and_normalisation(timm_folder):
     from types import SimpleNamespace
 

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.long
 def test_wheel_carries_recipes_and_commands(tmp_path):
     source = tmp_path / "src"  # a copy: building writes build/ and *.egg-info beside the sources
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", ".venv", "runs", "data", "build", "*.egg-info",
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", ".venv*", "runs", "data", "build", "*.egg-info",
                                                                  "__pycache__", ".pytest_cache", "docs"))
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
                             str(tmp_path / "dist"), str(source)], capture_output=True, text=True, timeout=300)
@@ -48,25 +48,47 @@ def test_wheel_carries_recipes_and_commands(tmp_path):
     assert list(elsewhere.iterdir()) == []
 
 
-@pytest.mark.long
-def test_an_offline_node_installs_from_a_wheel_folder_and_keeps_the_environments_torch(tmp_path, fake_cifar):
-    """README's cluster install: `make install WHEELS=DIR SYSTEM_SITE=1` in a venv that sees an environment's
-    packages (here: this venv's, as a cluster's torch module or container would provide them, less einops),
-    with no index at all. torch is reused, not reinstalled; einops (and setuptools, to build the checkout)
-    come from the wheel folder, filled beforehand on a machine with network as `make wheels` does;
-    `--config smoke` trains end to end."""
-    import importlib.metadata
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment less pip's settings and any active venv, plus ``extra``."""
     import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "VIRTUAL_ENV"))}
+    return {**env, "PIP_CONFIG_FILE": os.devnull, **extra}
+
+
+@pytest.mark.long
+def test_an_offline_node_installs_from_the_folder_make_wheels_fills_and_keeps_the_environments_torch(
+        tmp_path, fake_cifar):
+    """README's cluster install: `make wheels SYSTEM_SITE=1` on a machine with network (for this Python and
+    platform, given explicitly), then `make install WHEELS=DIR SYSTEM_SITE=1` in a venv that sees an
+    environment's packages (here: this venv's, as a cluster's torch module or container would provide them,
+    less einops), with no index at all. The folder holds no torch; torch is reused, einops comes from the
+    folder; `--config smoke` trains end to end."""
+    import os
+    import platform
 
     import torch
 
     wheels = tmp_path / "wheels"
-    fetched = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(wheels),
-                              f"einops=={importlib.metadata.version('einops')}", "setuptools>=77"],
-                             capture_output=True, text=True,
-                             timeout=300)
-    if fetched.returncode != 0:
-        pytest.skip(f"the package index is out of reach to fill the wheel folder: {fetched.stderr[-300:]}")
+    version = "%d.%d" % sys.version_info[:2]
+    fill = subprocess.run(["make", "wheels", f"WHEELS={wheels}", "SYSTEM_SITE=1", f"PYTHON={sys.executable}",
+                           f"TARGET_PYTHON={version}", f"TARGET_PLATFORM=manylinux_2_28_{platform.machine()}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    if fill.returncode != 0 and "No matching distribution" not in fill.stderr and "Could not find" not in fill.stderr:
+        pytest.skip(f"the package index is out of reach to fill the wheel folder: {fill.stderr[-300:]}")
+    assert fill.returncode == 0, fill.stdout[-2000:] + fill.stderr[-3000:]
+    assert f"packages for Python {version} on manylinux_2_28_{platform.machine()} in {wheels} (torch and " \
+           "torchvision left out" in fill.stdout
+    names = sorted(p.name for p in wheels.iterdir())
+    assert all(n.endswith(".whl") for n in names), names  # binary only: nothing to build on the node
+    lowered = [n.lower() for n in names]
+    assert not [n for n in lowered if n.startswith(("torch-", "torchvision-", "triton-", "nvidia", "cuda"))], names
+    for package in ("einops-", "lightning-", "timm-", "jsonargparse-", "wandb-", "setuptools-"):
+        assert any(n.startswith(package) for n in lowered), (package, names)
+    cp = f"cp{version.replace('.', '')}"
+    assert all(f"-{cp}-" in n or "-py3-none-" in n or "-py2.py3-none-" in n or "-abi3-" in n for n in lowered), \
+        [n for n in lowered if f"-{cp}-" not in n]
+
     site = Path(torch.__file__).parents[1]
     environment = tmp_path / "environment"  # the cluster's packages: this venv's, without einops and vit
     environment.mkdir()
@@ -76,13 +98,13 @@ def test_an_offline_node_installs_from_a_wheel_folder_and_keeps_the_environments
     venv, source = tmp_path / "venv", tmp_path / "src"
     subprocess.run([sys._base_executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
     (next((venv / "lib").glob("python3*")) / "site-packages" / "environment.pth").write_text(f"{environment}\n")
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", ".venv", "runs", "data", "build", "*.egg-info",
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", ".venv*", "runs", "data", "build", "*.egg-info",
                                                                  "__pycache__", ".pytest_cache", "docs", "wheels"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "VIRTUAL_ENV"))}
-    env.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1")  # no index, no find-links but the folder
+    env = clean_env(PIP_NO_INDEX="1")  # no index, no find-links but the folder
     install = subprocess.run(["make", "install", f"VENV={venv}", f"WHEELS={wheels}", "SYSTEM_SITE=1"], cwd=source,
                              env=env, capture_output=True, text=True, timeout=600)
     assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-3000:]
+    assert (venv / ".installed").read_text() == f"SYSTEM_SITE=1 WHEELS={wheels}\n"
     python = str(venv / "bin" / "python")
     where = subprocess.run([python, "-c", "import torch, einops, vit; print(torch.__file__, einops.__file__, "
                                           "vit.__file__)"], cwd=tmp_path, capture_output=True, text=True, env=env,
@@ -96,6 +118,88 @@ def test_an_offline_node_installs_from_a_wheel_folder_and_keeps_the_environments
                          env={**env, "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
     assert run.returncode == 0, run.stderr[-3000:]
     assert "test on 200 images" in run.stderr
+
+
+@pytest.mark.long
+def test_constraints_hold_exactly_what_the_project_installs(tmp_path):
+    """constraints.txt against pip's own resolution of the project with every extra under those constraints
+    (pip install --dry-run --report): the same packages at the same versions, nothing unrelated."""
+    import json
+    import re
+
+    report = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
+                           "--report", str(report), "-c", str(ROOT / "constraints.txt"), f"{ROOT}[dev]"],
+                          capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    if proc.returncode != 0 and not report.exists():
+        pytest.skip(f"the package index is out of reach to resolve the project: {proc.stderr[-300:]}")
+    canon = lambda name: re.sub(r"[-_.]+", "-", name).lower()  # noqa: E731 - PEP 503's names
+    resolved = {canon(i["metadata"]["name"]): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
+    pins = dict(line.split("==") for line in (ROOT / "constraints.txt").read_text().splitlines()
+                if line and not line.startswith("#"))
+    pins = {canon(name): version for name, version in pins.items()}
+    assert {n: v for n, v in resolved.items() if n not in ("vit-lightning", "setuptools")} == pins
+
+
+def test_a_compute_node_without_an_index_gets_one_line_and_nothing_installed(tmp_path):
+    """A job's `make install` where no package index answers (here: an index URL on a closed local port)."""
+    venv = tmp_path / "venv"
+    proc = subprocess.run(["make", "install", f"VENV={venv}", f"PYTHON={sys._base_executable}"], cwd=ROOT,
+                          env=clean_env(PIP_INDEX_URL="http://127.0.0.1:9/simple", PIP_RETRIES="0"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.endswith("no package index answers from this machine (a compute node without network?): "
+                                "run `make install` on a login node of this cluster (the same folder), or `make "
+                                "install WHEELS=DIR` with a folder that `make wheels` filled on a machine with "
+                                "network.  Stop.\n")
+    assert not (venv / ".installed").exists()
+
+
+@pytest.fixture
+def installed(tmp_path):
+    """A venv folder as `make install` leaves it (its python a stand-in: make -n only prints the steps)."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("#!/bin/sh\nexit 0\n")  # the index check answers
+    (venv / "bin" / "python").chmod(0o755)
+
+    def make(record: str, system: bool, *args: str) -> list[str]:
+        (venv / "pyvenv.cfg").write_text(f"include-system-site-packages = {'true' if system else 'false'}\n")
+        (venv / ".installed").write_text(record + "\n")
+        proc = subprocess.run(["make", "-n", f"VENV={venv}", *args], cwd=ROOT, env=clean_env(), capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return [line for line in proc.stdout.splitlines() if "pip install" in line or "venv" in line.split()[:3]
+                or line.startswith("echo")]
+
+    return make
+
+
+def test_the_stamp_records_system_site_and_wheels_and_a_change_installs_again(installed, tmp_path):
+    venv = tmp_path / "venv"
+    assert installed("SYSTEM_SITE= WHEELS=", False, "install") == []  # as installed: nothing to do
+    steps = installed("SYSTEM_SITE= WHEELS=", False, "install", "SYSTEM_SITE=1")  # the environment's torch now
+    assert steps[0].endswith(f"-m venv --clear --system-site-packages {venv}")
+    assert steps[-1] == f"echo 'SYSTEM_SITE=1 WHEELS=' > {venv}/.installed"
+    assert not [s for s in steps if "constraints.txt" in s] and any(s.endswith("install --quiet   -e .") for s in steps)
+    assert installed("SYSTEM_SITE=1 WHEELS=", True, "install") == []  # kept by later calls that do not name it
+    assert not [s for s in installed("SYSTEM_SITE=1 WHEELS=", True, "train") if "venv" in s or "echo" in s]
+    back = installed("SYSTEM_SITE=1 WHEELS=", True, "install", "SYSTEM_SITE=")
+    assert back[0].endswith(f"-m venv --clear  {venv}") and back[-1] == f"echo 'SYSTEM_SITE= WHEELS=' > {venv}/.installed"
+    offline = installed("SYSTEM_SITE= WHEELS=", False, "install", "WHEELS=/w")
+    assert f"install --quiet --no-index --find-links /w --no-build-isolation -c constraints.txt -e ." in " ".join(offline)
+    assert offline[-1] == f"echo 'SYSTEM_SITE= WHEELS=/w' > {venv}/.installed"
+
+
+def test_install_takes_the_commands_needs_and_the_extras_on_request(installed, tmp_path):
+    core = installed("", False, "install", "SYSTEM_SITE=")  # a stamp of before: the defaults
+    assert core == []
+    extras = installed("SYSTEM_SITE= WHEELS=", False, "install", "EXTRAS=demo,onnx")
+    assert [s.split("-c constraints.txt ")[-1] for s in extras] == ["-e '.[demo]'", "-e '.[onnx]'"]
+    assert installed("SYSTEM_SITE= WHEELS=", False, "test")[0].endswith("-c constraints.txt -e '.[dev]'")
+    proc = subprocess.run(["make", "-n", "install", "EXTRAS=gpu"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and "EXTRAS=gpu: the extras are demo onnx dev" in proc.stderr
 
 
 @pytest.mark.long
@@ -120,3 +224,26 @@ def test_time_suite_times_make_test_in_a_fresh_clone_and_writes_its_record(tmp_p
     assert record["exit_status"] == 0 and record["summary"].startswith("1 passed") and 0 < record["wall_seconds"] < 600
     assert record["command"] == "make test ARGS='-p no:cacheprovider tests/test_layout.py -k import_cycles'"
     assert record["cpu"] and record["cpu_cores"] >= 1
+
+
+def test_lowest_versions_pins_each_direct_dependency_at_its_bound():
+    """make test-lowest's list: pyproject's lower bounds, the extras' too, torch as given."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    script = [sys.executable, str(ROOT / "scripts" / "lowest_versions.py")]
+    proc = subprocess.run([*script, "torch==2.14.1", "torchvision==0.29.1"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    pins = {Requirement(line).name: Requirement(line) for line in proc.stdout.splitlines()}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = [Requirement(r) for r in [*project["dependencies"], *sum(project["optional-dependencies"].values(), [])]]
+    assert set(pins) == {r.name for r in declared if r.name != "vit-lightning"}
+    for req in declared:
+        if req.name in pins and req.name not in ("torch", "torchvision"):
+            (floor,) = [s.version for s in req.specifier if s.operator == ">="]
+            assert str(pins[req.name].specifier) == f"=={floor}" and pins[req.name].extras == req.extras
+    assert str(pins["torch"].specifier) == "==2.14.1" and str(pins["torchvision"].specifier) == "==0.29.1"
+    wrong = subprocess.run([*script, "numpy==2.0"], capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 1 and wrong.stderr.strip().endswith("not a direct dependency in "
+                                                                  f"{ROOT / 'pyproject.toml'}: numpy")

@@ -34,6 +34,10 @@ NOT_RUN = {
     r"make test$": "the test suite itself, which this test is part of",
     r"make test-long$": "the long tests, this one among them",
     r"make test-cluster$": "the multi-process tests (tests/cluster), which need the SLURM cluster CI starts",
+    r"make test-lowest$": "installs every dependency at its lowest allowed version into a venv of its own, then "
+                          "runs tests (CI runs it)",
+    r"make data$": "downloads CIFAR-10 from its host (tests/test_make_data.py fetches a generated archive from a "
+                   "server on 127.0.0.1)",
     r"sudo bash scripts/slurm/local_cluster\.sh$": "starts SLURM's daemons as root on this machine",
     r"sbatch ": "submits a job that asks a SLURM cluster for GPUs (tests/cluster submits this script to a "
                 "one-node cluster)",
@@ -50,7 +54,6 @@ NOT_RUN = {
                       "it at toy scale)",
     r"make figures ARGS=\"--plan ": "an experiment of docs/results.md: hours of training",
     r"make (install|wheels)\b": "installs or downloads packages (tests/test_install.py installs from a wheel folder)",
-    r"pip install ": "installs into the environment the tests run in",
 }
 
 

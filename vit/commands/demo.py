@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import gradio as gr
     except ImportError:
-        print("error: vit-demo needs Gradio: pip install 'vit-lightning[demo]'", file=sys.stderr)
+        print("error: vit-demo needs Gradio: make install EXTRAS=demo (or pip install 'vit-lightning[demo]')",
+              file=sys.stderr)
         return 2
     try:
         clf = load_classifier(args.checkpoint).to(args.device)

@@ -5,12 +5,14 @@
   timm         OUT/ in timm's Hugging Face Hub layout (config.json, model.safetensors, README.md model
                card): timm.create_model("local-dir:OUT", pretrained=True); --push-to-hub USER/REPO uploads it
 
-Exit status: 0 written, 2 the checkpoint is unusable or the upload cannot be made.
+Exit status: 0 written, 2 the checkpoint is unusable, the upload cannot be made or ONNX's packages are missing
+(make install EXTRAS=onnx).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -31,6 +33,11 @@ def main(argv: list[str] | None = None) -> int:
     fmt = args.format or {".onnx": "onnx", ".safetensors": "safetensors"}.get(args.output.suffix, "timm")
     if args.push_to_hub and fmt != "timm":
         p.error("--push-to-hub uploads a timm folder: use --format timm")
+    missing = [m for m in ("onnx", "onnxscript") if fmt == "onnx" and importlib.util.find_spec(m) is None]
+    if missing:  # an optional part: refused before any work, in one line
+        print(f"error: the ONNX export needs {' and '.join(missing)}: make install EXTRAS=onnx "
+              "(or pip install 'vit-lightning[onnx]')", file=sys.stderr)
+        return 2
     from vit import hub
     from vit.export import export_onnx, export_safetensors
 

@@ -1,0 +1,74 @@
+"""scripts/slurm/train.sbatch's own logic, run by bash with stand-ins for srun and scontrol on PATH (the real
+jobs are in tests/cluster/test_slurm.py): a stopped job requeues itself up to VIT_MAX_REQUEUES times, then
+says so in one line."""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "slurm" / "train.sbatch"
+
+
+@pytest.fixture
+def job(tmp_path):
+    """Runs the script as SLURM would run job 77 after ``restarts`` requeues; srun exits ``status``."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    calls = tmp_path / "scontrol.calls"
+    (bin_ / "srun").write_text("#!/bin/sh\nexit \"$SRUN_STATUS\"\n")
+    (bin_ / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
+    for tool in bin_.iterdir():
+        tool.chmod(0o755)
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / ".installed").write_text("SYSTEM_SITE= WHEELS=\n")  # installed: the job trains at once
+
+    def run(restarts: int, status: int = 4, cap: str | None = None, *args: str):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "VIT_"))}
+        env.update(PATH=f"{bin_}:{env['PATH']}", SLURM_SUBMIT_DIR=str(tmp_path), SLURM_JOB_ID="77",
+                   SLURM_JOB_NODELIST="node1", SLURM_RESTART_COUNT=str(restarts), SRUN_STATUS=str(status),
+                   VIT_VENV=str(venv))
+        if cap is not None:
+            env["VIT_MAX_REQUEUES"] = cap
+        proc = subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=60)
+        requeues = calls.read_text().splitlines() if calls.exists() else []
+        calls.unlink(missing_ok=True)
+        return proc, requeues
+
+    return run
+
+
+def test_a_stopped_job_requeues_itself_until_the_default_cap(job):
+    proc, requeues = job(restarts=19)
+    assert proc.returncode == 4 and requeues == ["requeue 77"], proc.stdout + proc.stderr
+    assert "requeueing job 77: it resumes from its run folder's newest checkpoint" in proc.stdout
+    proc, requeues = job(19, 0)  # a job that ends is never requeued
+    assert proc.returncode == 0 and requeues == []
+    proc, requeues = job(20, 4, None, "--config", "smoke", "--data.root", "my data")
+    assert proc.returncode == 4 and requeues == [], proc.stdout
+    (line,) = [line for line in proc.stdout.splitlines() if "requeu" in line]
+    assert line == ("not requeueing job 77: it was requeued 20 times (VIT_MAX_REQUEUES=20); continue its run with "
+                    "the same sbatch options: sbatch scripts/slurm/train.sbatch --config smoke --data.root my\\ data "
+                    "--run slurm-77")
+
+
+def test_the_cap_is_settable_and_a_bad_one_is_refused_before_training(job):
+    assert job(2, 4, "3")[1] == ["requeue 77"]
+    proc, requeues = job(3, 4, "3")
+    assert requeues == [] and "it was requeued 3 times (VIT_MAX_REQUEUES=3)" in proc.stdout
+    assert job(0, 4, "0")[1] == []  # 0: never
+    proc, requeues = job(0, 4, "ten")
+    assert proc.returncode == 2 and requeues == [] and proc.stdout == ""
+    assert proc.stderr == "VIT_MAX_REQUEUES=ten: give a number of requeues (0: never requeue)\n"
+
+
+def test_the_script_names_partition_account_qos_and_gres_for_clusters_that_want_them():
+    text = SCRIPT.read_text()
+    directives = [line for line in text.splitlines() if line.startswith("#SBATCH")]
+    commented = [line for line in text.splitlines() if line.startswith("##SBATCH")]
+    assert {line.split("=")[0] for line in commented} == {"##SBATCH --partition", "##SBATCH --account",
+                                                          "##SBATCH --qos"}
+    assert "#SBATCH --gpus-per-node=4" in directives and "`#SBATCH --gres=gpu:4`" in text
