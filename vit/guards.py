@@ -33,13 +33,14 @@ class Watchdog(L.Callback):
 
     Slow work is not a hang, and gets ``SLOW`` seconds (or ``seconds``, if longer), whatever ``seconds`` is:
     a stage's start, up to ``on_fit_start`` / ``on_test_start`` (the model's setup, which loads pretrained
-    weights, and the restore of a checkpoint), and the first batch of each kind (training, validation,
-    test) with inputs of a shape or a training image size not seen before: where torch.compile compiles,
-    or recompiles for a resize stage (``model.compile(dynamic=False)``: a graph per shape). Every process
-    sees the same shapes at the same step, so one that finished compiling and waits in that batch's
-    collectives for another gets the same time; that wait is also bounded by the process group's own
-    timeout (``seconds`` + ``BACKSTOP``), which ends the run with exit 5 when the processes' compile times
-    differ by more.
+    weights, and the restore of a checkpoint); every torch.compile compile of this process, wherever it is
+    (torch's own compile callbacks: tracing, the lazily compiled backward, CUDA graph recording); and the
+    first batch of each kind (training, validation, test) with inputs of a shape or a training image size
+    not seen before, where the model compiles, or recompiles for a resize stage
+    (``model.compile(dynamic=False)``: a graph per shape). Every process sees the same shapes at the same
+    step, so one that finished compiling and waits in that batch's collectives for another gets the same
+    time; that wait is also bounded by the process group's own timeout (``seconds`` + ``BACKSTOP``), which
+    ends the run with exit 5 when the processes' compile times differ by more.
 
     Under DDP it also tells the others why a process ended: a process that fails for a known cause (vit.exits:
     statuses 2, 3, 4, 6, 7) writes its status and one line into the process group's store (``tell_others``);
@@ -83,9 +84,19 @@ class Watchdog(L.Callback):
         at = f" at {image_size} px" if image_size else ""
         self.alive(slow=f"its first {kind} batch of this shape{at} (where torch.compile compiles)" if first else None)
 
+    def compiles(self, args) -> None:  # torch.compile starts compiling, in this thread
+        self.before = self.clock[2]
+        self.alive(slow="a torch.compile compile")
+
+    def compiled(self, args) -> None:  # and ends: the batch's own time again (a first batch: slow still)
+        self.alive(slow=self.before)
+
     def setup(self, trainer, pl_module, stage):
         self.alive(slow="its start (the model's setup and weights, a checkpoint's restore)")
         self.rank, self.world, self.stopped = trainer.global_rank, trainer.world_size, threading.Event()
+        self.before = None
+        torch._dynamo.callback_handler.register_start_callback(self.compiles)
+        torch._dynamo.callback_handler.register_end_callback(self.compiled)
         threading.Thread(target=self.watch, args=(self.stopped,), name="vit-watchdog", daemon=True).start()
         if self.store is None and trainer.world_size > 1:
             self.store = peers_store()
@@ -95,6 +106,10 @@ class Watchdog(L.Callback):
     def teardown(self, trainer, pl_module, stage=None):
         if self.stopped is not None:
             self.stopped.set()
+        handler = torch._dynamo.callback_handler
+        if self.compiles in handler.start_callbacks:
+            handler.remove_start_callback(self.compiles)
+            handler.remove_end_callback(self.compiled)
 
     def on_exception(self, trainer, pl_module, exception):  # (Lightning calls no teardown then)
         self.teardown(trainer, pl_module)
@@ -138,9 +153,10 @@ class Watchdog(L.Callback):
     def tell_others(self, status: int, line: str) -> None:
         """This process fails with ``status`` (a known cause, one line): the others end with it (``listen``).
         The first to fail says it; this one waits up to ``ACKS`` seconds for the others to read it."""
+        import torch.distributed as dist
         from torch.distributed import DistError
 
-        if self.store is None:
+        if self.store is None or not dist.is_initialized():  # (rank 0 tests alone after fit: the others are gone)
             return
         said = f"{status}\t{self.rank}\t{' '.join(line.split())}"
         try:

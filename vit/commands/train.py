@@ -77,7 +77,10 @@ def add_run_options(parser) -> None:
                         help="seconds a process may go without starting or finishing a batch (waiting for its "
                              "data, or for the other processes in a collective) before it prints where each of "
                              "its threads is and the run ends with exit 5 (a stuck, dead or desynchronised "
-                             "process); also the bound on the processes' start")
+                             "process); a start (loading weights) and the first batch of each image size "
+                             "(torch.compile) get an hour, or this if longer; this + 60 s bounds the processes' "
+                             "start and how long they wait for each other in a collective (another's longer "
+                             "compile)")
     parser.add_argument("--stop_after_minutes", type=Optional[PositiveFloat], default=None,
                         help="end this command in time for a wall-clock limit on it: at the end of the last "
                              "epoch that fits (exit 4); --ckpt_path last continues the run exactly")
