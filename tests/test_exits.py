@@ -196,3 +196,27 @@ def test_a_cold_compile_is_not_a_hang_whatever_ddp_timeout_is(tmp_path, fake_cif
     record = json.loads((tmp_path / "runs" / "vit_cifar10_fast" / "version_0" / "results.json").read_text())
     print(f"first batches (the compiles): {record['first_batches_seconds']} s")
     assert record["first_batches_seconds"] > 8  # the compiles did outlast --ddp_timeout
+
+
+def test_slow_work_that_outlasts_its_time_is_stuck_too():
+    """Slow work is bounded: past Watchdog.SLOW (2 s here), a process still in its start says so, with where each
+    of its threads is, and exits 5 (the watchdog's own thread, while the main thread sleeps)."""
+    import subprocess
+    import sys
+
+    script = """
+import time
+from types import SimpleNamespace
+from vit.guards import Watchdog
+Watchdog.SLOW = 2.0
+dog = Watchdog(1)
+dog.setup(SimpleNamespace(global_rank=0, world_size=1), None, "fit")
+time.sleep(30)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 5, proc.stderr[-2000:]
+    (line,) = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert line.startswith("error: process 0: its start (the model's setup and weights, a checkpoint's restore) took "
+                           "over 2 s: it is stuck"), line
+    assert "allow slower steps with a --ddp_timeout over 2." in line
+    assert 'File "<string>", line 8 in <module>' in proc.stderr  # the main thread's sleep
