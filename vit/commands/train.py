@@ -206,6 +206,7 @@ def test_on_one_process(trainer: L.Trainer, model, datamodule, ckpt: str | None)
     import torch
 
     if trainer.world_size > 1:
+        torch.distributed.barrier()  # every process's fit has ended: none reads the group's store any more (Watchdog)
         if not trainer.is_global_zero:
             return None
         torch.distributed.destroy_process_group()
