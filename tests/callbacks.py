@@ -171,8 +171,8 @@ class FillDisk(L.Callback):
 
 
 class RaiseAtStep(L.Callback):
-    """What the environment raises in the middle of a run, at step ``step``: torch's out-of-memory error, or
-    NCCL's watchdog timeout as it reaches the main thread (TORCH_NCCL_ASYNC_ERROR_HANDLING=2). Under DDP,
+    """What the environment raises in the middle of a run, at step ``step``: torch's out-of-memory error, a bad
+    input (DatasetError), or NCCL's watchdog timeout as it reaches the main thread (TORCH_NCCL_ASYNC_ERROR_HANDLING=2). Under DDP,
     only on the process of rank ``rank`` (None: every one), which first writes the time into
     ``<run>/raised.<rank>``."""
 
@@ -188,6 +188,10 @@ class RaiseAtStep(L.Callback):
         if trainer.global_step != self.step or self.rank not in (None, trainer.global_rank):
             return
         (Path(trainer.default_root_dir) / f"raised.{trainer.global_rank}").write_text(f"{time.time()}\n")
+        if self.error == "dataset":  # a bad input that only this process read
+            from vit.exits import DatasetError
+
+            raise DatasetError("data/cifar-10-batches-py/data_batch_3 is truncated: re-download CIFAR-10")
         if self.error == "oom":
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
                                          "capacity of 79.19 GiB of which 1.02 GiB is free.")

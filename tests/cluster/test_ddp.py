@@ -154,25 +154,33 @@ def test_a_bug_whose_words_say_timed_out_is_exit_1_with_its_traceback_under_ddp(
     assert not [line for line in out.splitlines() if line.startswith("error:")], out[-3000:]
 
 
-@pytest.mark.parametrize("failing", [1, 0])
-def test_a_process_that_fails_for_a_known_cause_ends_the_others_with_its_line(tmp_path, fake_cifar_session, failing):
-    """One process runs out of device memory at step 2 (torch's error, raised on CPU) while the other goes on
-    into step 3's gradient all-reduce and waits there. With --ddp_timeout 300, the other ends within 30 s of
-    that error, not 300 s: with the same exit status, 7, and a line that names the failed process and its
-    reason. Rank 1 failing, and rank 0, whose process hosts the process group's store."""
+@pytest.mark.parametrize("error, failing, status, reason", [
+    ("oom", 1, 7, "the accelerator ran out of memory"),
+    ("oom", 0, 7, "the accelerator ran out of memory"),
+    ("dataset", 1, 2, "data/cifar-10-batches-py/data_batch_3 is truncated: re-download CIFAR-10"),
+])
+def test_a_process_that_fails_for_a_known_cause_ends_the_others_with_its_line(tmp_path, fake_cifar_session, error,
+                                                                              failing, status, reason):
+    """One process fails at step 2 — out of device memory (torch's error, raised on CPU), or a bad input only it
+    read — while the other goes on into step 3's gradient all-reduce and waits there. With --ddp_timeout 300,
+    the other ends within 30 s of that error, not 300 s: with the same exit status and a line that names the
+    failed process and its reason. Rank 1 failing, and rank 0, whose process hosts the process group's store."""
     other = 1 - failing
     cmd = [sys.executable, *TRAIN, "--data.root", str(fake_cifar_session), *DDP, "--trainer.max_epochs", "2",
-           "--ddp_timeout", "300", "--trainer.callbacks+=callbacks.RaiseAtStep", "--trainer.callbacks.rank",
-           str(failing)]
+           "--ddp_timeout", "300", "--trainer.callbacks+=callbacks.RaiseAtStep", "--trainer.callbacks.error", error,
+           "--trainer.callbacks.rank", str(failing)]
     told = f"error: process {other}: process {failing} failed, and this one stopped with it instead of waiting " \
-           f"for it: the accelerator ran out of memory"
-    code, out, ended = run_rank_zero(cmd, tmp_path, timeout=400, until=told if other else "error: the accelerator")
+           f"for it: {reason}"
+    code, out, ended = run_rank_zero(cmd, tmp_path, timeout=400, until=told if other else f"error: {reason}")
     raised = float((tmp_path / "runs" / "smoke" / "version_0" / f"raised.{failing}").read_text())
     print(f"rank 0 ended {ended - raised:.1f} s after rank {failing}'s error")
-    assert code == 7, out[-3000:]
+    assert code == status, out[-3000:]
     errors = [line for line in out.splitlines() if line.startswith("error:")]
-    assert any(line.startswith("error: the accelerator ran out of memory") for line in errors), out[-3000:]
     assert any(line.startswith(told) for line in errors), out[-3000:]  # (rank 1's: within 30 s of rank 0's end)
+    # the failed process's own line too, except for a bad input, which every process would say alike (rank 0
+    # alone says it: here, for rank 1)
+    own = [line for line in errors if line.startswith(f"error: {reason}")]
+    assert len(own) == (0 if status == 2 else 1), out[-3000:]
     assert "Traceback" not in out
     assert ended - raised < 30
 
