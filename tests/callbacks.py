@@ -198,3 +198,54 @@ class RaiseAtStep(L.Callback):
         raise torch.distributed.DistBackendError(
             "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=42, OpType=ALLREDUCE, "
             "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600021 milliseconds before timing out.")
+
+
+class SignalAtBatch(L.Callback):
+    """At the end of the run's training batch number ``batch`` (from 1, over the run, whichever optimizer step it
+    is in: inside an accumulation window too), the process gets ``signal``: SIGKILL (as `kill -9`), or SIGUSR1
+    (what SLURM sends before a time limit)."""
+
+    def __init__(self, batch: int = 5, signal: str = "SIGKILL"):
+        self.batch, self.signal = batch, signal
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        import os
+        import signal
+
+        if trainer.fit_loop.epoch_loop.batch_progress.total.processed == self.batch:
+            os.kill(os.getpid(), getattr(signal, self.signal))
+
+
+class PauseAtBatch(L.Callback):
+    """Sleep ``seconds`` after the run's training batch number ``batch`` (from 1, over the run), before the
+    run's own callbacks see that batch: a time-driven step checkpoint then falls due there."""
+
+    def __init__(self, batch: int = 5, seconds: float = 1.5):
+        self.batch, self.seconds = batch, seconds
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        import time
+
+        if trainer.fit_loop.epoch_loop.batch_progress.total.processed == self.batch:
+            time.sleep(self.seconds)
+
+
+class BreakBatch(L.Callback):
+    """When training starts, the image files of loader batch ``batch`` of epoch 0 on process ``rank`` (None: every
+    process) become unreadable, as files removed or damaged after the run's setup check would: their training
+    batch has no image to train on there."""
+
+    def __init__(self, batch: int = 3, rank: int | None = None):
+        self.batch, self.rank = batch, rank
+
+    def on_train_start(self, trainer, pl_module):
+        from vit.resume import DataPosition, EpochOrder
+
+        if self.rank not in (None, trainer.global_rank):
+            return
+        subset, size = trainer.datamodule.train_set, trainer.datamodule.process_batch()
+        order = EpochOrder(subset, size, trainer.datamodule.seed, DataPosition(), trainer.global_rank, trainer.world_size)
+        picked = [index for index, _ in order][self.batch * size:(self.batch + 1) * size]
+        for index in picked:
+            with open(subset.dataset.samples[subset.indices[index]][0], "w") as f:
+                f.write("no longer an image")

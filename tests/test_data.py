@@ -183,8 +183,8 @@ def test_n_processes_read_the_images_of_one_step_of_one_process(fake_cifar, pipe
 
     def steps(world: int, rank: int, epoch: int = 1, start: int = 0) -> list[list[tuple[int, bytes]]]:
         dm = CIFAR10DataModule(root=str(fake_cifar), val_size=100, num_workers=0, batch_size=40, pipeline=pipeline)
-        dm.trainer = SimpleNamespace(world_size=world, global_rank=rank,
-                                     strategy=SimpleNamespace(root_device=torch.device("cpu")))
+        dm.trainer = SimpleNamespace(world_size=world, global_rank=rank, accumulate_grad_batches=1,
+                                     lightning_module=None, strategy=SimpleNamespace(root_device=torch.device("cpu")))
         dm.setup("fit")
         dm.position.epochs, dm.position.resume_at = epoch, (epoch, start) if start else None
         return [sorted((int(y), x.numpy().tobytes()) for x, y in zip(*batch)) for batch in dm.train_dataloader()]

@@ -2,13 +2,17 @@
 GPUs torch cannot use, NCCL's timeouts, a W&B server out of reach. Each gives one line and its exit status,
 and leaves the run resumable."""
 
+import http.server
 import os
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -80,8 +84,8 @@ def test_the_resume_command_continues_the_same_run_folder(monkeypatch, tmp_path)
 
 @pytest.mark.parametrize("error, status, message", [
     ("oom", 7, "error: the accelerator ran out of memory with 50 images per device (the global batch 50 split among "
-               "the processes). Try --data.batch_size 25 --trainer.accumulate_grad_batches 2 (the same global batch "
-               "and lr in two passes)"),
+               "the processes). Try --data.batch_size 25 --trainer.accumulate_grad_batches 2 (the same 50 images "
+               "and lr per optimizer step, 25 per device at a time)"),
     ("nccl", 5, "error: process 0: lost the other processes of this run ([Rank 0] Watchdog caught collective "
                 "operation timeout: WorkNCCL(SeqNum=42, OpType=ALLREDUCE"),
 ])
@@ -155,3 +159,180 @@ def test_wandb_credentials_without_a_route_out_train_offline_after_a_short_wait(
     assert out.count(line) == 1, out[-3000:]
     assert len(list((run / "wandb").glob("offline-run-*"))) == 1 and (run / "results.json").is_file()
     assert "Traceback" not in out and seconds < 180
+
+
+class Answer(http.server.BaseHTTPRequestHandler):
+    """Answers every request with the server's ``status`` and ``body`` (a W&B server, or a proxy in the way)."""
+
+    def answer(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(self.server.status)
+        self.send_header("Content-Type", "application/json" if self.server.body.startswith(b"{") else "text/html")
+        self.send_header("Content-Length", str(len(self.server.body)))
+        self.end_headers()
+        self.wfile.write(self.server.body)
+
+    do_GET = do_POST = do_CONNECT = answer
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def local_server():
+    """An HTTP server on 127.0.0.1 (loopback only), answering what the test sets; stopped after the test."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    server.status, server.body, server.timeout = 200, b"", 5
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    thread.join(5)
+
+
+@pytest.fixture
+def no_proxy(monkeypatch):
+    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY", "no_proxy",
+                 "NO_PROXY", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE", "SSL_CERT_DIR"):
+        monkeypatch.delenv(name, raising=False)
+
+
+WANDB_LIKE = [(200, b'{"data": {"__typename": "Query"}}'), (401, b'{"errors": [{"message": "unauthorized"}]}'),
+              (400, b'{"errors": [{"message": "bad query"}]}'), (401, b"unauthorized")]
+PROXY_LIKE = [(407, b"<html>Proxy Authentication Required</html>", "407 Proxy Authentication Required"),
+              (403, b"<html>Blocked by policy</html>", "403 Forbidden"), (502, b"<html>Bad gateway</html>", "502 Bad Gateway")]
+
+
+@pytest.mark.parametrize("status, body", WANDB_LIKE)
+def test_an_answer_from_a_wandb_server_is_reachable(local_server, monkeypatch, no_proxy, status, body):
+    from vit.environment import wandb_unreachable
+
+    local_server.status, local_server.body = status, body
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{local_server.server_port}/")
+    assert wandb_unreachable(5) is None
+
+
+@pytest.mark.parametrize("status, body, said", PROXY_LIKE)
+def test_a_proxys_answer_is_not_a_wandb_server(local_server, monkeypatch, no_proxy, status, body, said):
+    """A proxy or gateway answering in the server's place: offline, with what it answered."""
+    from vit.environment import wandb_unreachable
+
+    local_server.status, local_server.body = status, body
+    url = f"http://127.0.0.1:{local_server.server_port}"
+    monkeypatch.setenv("WANDB_BASE_URL", url)
+    assert wandb_unreachable(5) == f"{url} answered HTTP {said}, which is not the server's own answer (a proxy or " \
+                                   "gateway in the way?)"
+    # the same proxy named by http_proxy, in front of a server it never reaches
+    monkeypatch.setenv("WANDB_BASE_URL", "http://wandb.example.org")
+    monkeypatch.setenv("http_proxy", url)
+    assert wandb_unreachable(5).startswith(f"http://wandb.example.org answered HTTP {said}, ")
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.org")  # https: the proxy refuses the tunnel
+    monkeypatch.setenv("https_proxy", url)
+    assert wandb_unreachable(5) == f"https://wandb.example.org cannot be reached (Tunnel connection failed: {said})"
+
+
+def test_the_probe_trusts_the_ca_bundle_wandb_would_use(tmp_path, monkeypatch, no_proxy, local_server):
+    """A self-hosted W&B server with a certificate of the site's own CA: unknown to the system, trusted through
+    REQUESTS_CA_BUNDLE (wandb's Python client, requests) or SSL_CERT_FILE (its uploader, wandb-core)."""
+    import ssl
+
+    from vit.environment import wandb_unreachable
+
+    if shutil.which("openssl") is None:
+        pytest.skip("making a certificate needs the openssl command")
+    cert, key = tmp_path / "site-ca.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    local_server.socket = context.wrap_socket(local_server.socket, server_side=True)
+    local_server.body = b'{"data": {"__typename": "Query"}}'
+    url = f"https://127.0.0.1:{local_server.server_port}"
+    monkeypatch.setenv("WANDB_BASE_URL", url)
+    assert "CERTIFICATE_VERIFY_FAILED" in wandb_unreachable(5)
+    for variable in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE"):
+        monkeypatch.setenv(variable, str(cert))
+        assert wandb_unreachable(5) is None, variable
+        monkeypatch.delenv(variable)
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tmp_path / "missing.pem"))
+    assert wandb_unreachable(5) == f"{url} cannot be reached (REQUESTS_CA_BUNDLE={tmp_path / 'missing.pem'}: " \
+                                   "No such file or directory)"
+
+
+@pytest.mark.parametrize("wandb_reader", [True, False])
+def test_netrc_credentials_of_a_self_hosted_server_are_found_as_wandb_finds_them(tmp_path, monkeypatch, wandb_reader):
+    """`wandb login --host URL` keeps the key in the netrc file under the server's host:port (an older wandb,
+    without its own reader, under the host name, read with requests' reader): the key of WANDB_BASE_URL's
+    server counts, W&B's own server's entry does not count for it."""
+    from vit.loggers import wandb_credentials_present
+
+    if not wandb_reader:
+        monkeypatch.setitem(sys.modules, "wandb.sdk.lib.wbauth", None)  # (importing it raises ImportError)
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path))  # (no settings file of wandb's: its default server)
+    monkeypatch.chdir(tmp_path)
+    for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine api.wandb.ai\n  login user\n  password " + "a" * 40 + "\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.org:8443")
+    assert not wandb_credentials_present()
+    host = "wandb.example.org:8443" if wandb_reader else "wandb.example.org"
+    netrc.write_text(netrc.read_text() + f"machine {host}\n  login user\n  password " + "b" * 40 + "\n")
+    assert wandb_credentials_present()
+    monkeypatch.delenv("WANDB_BASE_URL")
+    if wandb_reader:  # (the older reader is asked here with this wandb's default URL, not an older one's)
+        assert wandb_credentials_present()  # api.wandb.ai's entry, for W&B's own server behind wandb's default URL
+    monkeypatch.setenv("NETRC", str(tmp_path / "none"))
+    assert not wandb_credentials_present()
+    monkeypatch.setenv("WANDB_API_KEY", "c" * 40)
+    assert wandb_credentials_present()
+
+
+def test_the_server_wandb_login_host_saved_is_the_one_checked(tmp_path, monkeypatch):
+    """`wandb login --host URL` saves the server in wandb's settings file and its key in the netrc file: without
+    WANDB_BASE_URL, that server's key is the one looked for, and that server the one asked."""
+    from vit.environment import wandb_base_url
+    from vit.loggers import wandb_credentials_present
+
+    for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "settings").write_text("[default]\nbase_url = https://wandb.example.org:8443\n")
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine wandb.example.org:8443\n  login user\n  password " + "b" * 40 + "\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    assert wandb_base_url() == "https://wandb.example.org:8443" and wandb_credentials_present()
+    monkeypatch.setenv("WANDB_BASE_URL", "https://other.example.org")  # the variable comes first, as in wandb
+    assert wandb_base_url() == "https://other.example.org" and not wandb_credentials_present()
+
+
+def test_a_run_behind_a_proxy_that_asks_for_credentials_trains_offline_at_once(tmp_path, fake_cifar_session,
+                                                                             local_server, monkeypatch, no_proxy, caplog):
+    """As a user runs it (W&B on, the progress bar): credentials set, and a proxy answering 407 for the W&B
+    server. The run logs offline into its folder from the start, with one line that names the answer."""
+    from vit.commands.train import main
+
+    local_server.status, local_server.body = 407, b"<html>Proxy Authentication Required</html>"
+    url = f"http://127.0.0.1:{local_server.server_port}"
+    monkeypatch.setenv("WANDB_API_KEY", "0123456789abcdef0123456789abcdef01234567")
+    monkeypatch.setenv("WANDB_BASE_URL", url)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    start = time.monotonic()
+    assert main(["--config", "smoke", "--data.root", str(fake_cifar_session), "--data.val_size", "100",
+                 "--data.num_workers", "0", "--data.batch_size", "50", "--trainer.max_epochs", "1",
+                 "--test_after_fit", "false"]) == 0
+    run = Path("runs/smoke/version_0")
+    line = (f"wandb: {url} answered HTTP 407 Proxy Authentication Required, which is not the server's own answer (a "
+            f"proxy or gateway in the way?); logging offline into {run}/wandb; upload later with `wandb sync "
+            f"{run}/wandb/offline-run-*`")
+    assert [r.getMessage() for r in caplog.records].count(line) == 1, caplog.text[-3000:]
+    assert len(list((tmp_path / run / "wandb").glob("offline-run-*"))) == 1
+    print(f"a run behind a 407 proxy: {time.monotonic() - start:.1f} s")

@@ -96,13 +96,14 @@ def quick_readme(tmp_path) -> tuple[Path, list[str]]:
 
 
 def test_make_figures_measures_this_machines_table_and_then_measures_nothing(tmp_path):
-    """README's `make figures` (the cpu plan, at toy scale): it measures every row of this machine's table and
-    renders it; once every row has its record, the same command measures nothing."""
+    """README's `make figures` (the cpu plan, at toy scale): it measures every row of this machine's table, each
+    run in one command, and renders it; once every row has its record, the same command measures nothing."""
     readme, common = quick_readme(tmp_path)
     first = run_figures(*common, "--plan", "cpu")
     assert first.returncode == 0, first.stderr[-3000:]
     smoke = json.loads((tmp_path / "results" / "cpu" / "01-smoke.json").read_text())
     assert smoke["steps"] == 2 * 400 // 50 and smoke["row"] == "smoke recipe"
+    assert smoke["commands"] == 1 and "--stop_after_minutes" not in first.stdout and "--minutes" not in first.stdout
     assert json.loads((tmp_path / "results" / "benchmark-cpu" / "cpu.json").read_text())["row"] == "CPU benchmark"
     block = re.search(r"<!-- figures: cpu -->\n(.*?)<!-- /figures -->", readme.read_text(), re.S).group(1)
     assert "pending" not in block and block.count("](") == 3  # smoke, cpu, cpu on Fashion-MNIST folders
@@ -112,27 +113,35 @@ def test_make_figures_measures_this_machines_table_and_then_measures_nothing(tmp
     assert again.returncode == 0 and "scripts/train.py" not in again.stdout and "benchmark.py" not in again.stdout
 
 
-def test_the_gpu_plan_gives_the_headline_row_first_and_bounds_every_command(tmp_path):
-    """A GPU rented by the half hour runs make figures in commands of at most --minutes: the plan's first step
-    is README's headline row (vit_cifar10_fast: time to 90/93/94 %), every training command stops in time and
-    the next continues it, and every benchmark command is bounded too (vit-benchmark --minutes)."""
+def test_each_run_is_one_command_unless_minutes_bounds_them(tmp_path):
+    """The gpu plan's first step is README's headline row (vit_cifar10_fast: time to 90/93/94 %). By default
+    every training run and benchmark is one command, run whole (a run cut into commands restarts and
+    recompiles in each); with --minutes every training command stops in time and the next continues it,
+    and every benchmark command is bounded too (vit-benchmark --minutes)."""
     from vit import configs
+    from vit.commands.figures import main, parser
 
     plan = figures.PLANS["gpu"]
     (first,) = plan[0].jobs
     assert isinstance(first, figures.Run) and first.args == ("--config", "vit_cifar10_fast")
     assert "vit.callbacks.TimeToAccuracy" in configs.path("vit_cifar10_fast").read_text()
-    runner = figures.Runner(tmp_path / "data", tmp_path / "runs", tmp_path / "results", minutes=9)
     jobs = [job for step in plan for job in step.jobs]
     assert any(isinstance(job, figures.Benchmark) for job in jobs)
+    assert parser.parse_args([]).minutes is None
+    whole = figures.Runner(tmp_path / "data", tmp_path / "runs", tmp_path / "results")
+    bounded = figures.Runner(tmp_path / "data", tmp_path / "runs", tmp_path / "results", minutes=9)
     for job in jobs:
         if isinstance(job, figures.Run):
-            command = runner.train_command(job)
+            command = whole.train_command(job)
+            assert "--stop_after_minutes" not in command and command[command.index("--ckpt_path") + 1] == "last"
+            command = bounded.train_command(job)
             assert command[command.index("--stop_after_minutes") + 1] == "9"
             assert command[command.index("--ckpt_path") + 1] == "last"
         else:
-            command = runner.benchmark_command(job, tmp_path / "out.json")
+            assert "--minutes" not in whole.benchmark_command(job, tmp_path / "out.json")
+            command = bounded.benchmark_command(job, tmp_path / "out.json")
             assert command[command.index("--minutes") + 1] == "9"
+    assert main(["--minutes", "0", "--plan", "gpu"]) == 2
 
 
 @pytest.mark.long

@@ -60,22 +60,33 @@ def stratified_split(labels: torch.Tensor, val_size: int, seed: int) -> tuple[to
 MIN_SHARE = 8  # images per process and step, at least, when a batch is split among processes
 
 
-def split_batch(global_batch: int, processes: int) -> int:
+def split_batch(global_batch: int, processes: int, pairs: bool = False) -> int:
     """Each process's share of the global batch. Every process takes the same share, so that N processes
     see, step by step, the images one process would (vit.resume.EpochOrder) and DDP's mean of their
-    gradients is the one process's gradient."""
-    if processes == 1:
-        return global_batch
+    gradients is the one process's gradient. ``pairs``: each share must be even (Mixup/CutMix mixes a
+    process's images in pairs). A batch that does not split so is refused with the nearest global batches
+    that do, before training: the global batch is never changed for the user."""
     share, rest = divmod(global_batch, processes)
-    if rest:
-        raise ConfigError(f"--data.batch_size {global_batch} is the global batch and must divide among the "
-                          f"{processes} processes of this run: use a multiple of {processes}, "
-                          f"e.g. {global_batch - rest} or {global_batch - rest + processes}")
-    if share < MIN_SHARE:
+    least = MIN_SHARE if processes > 1 else 1
+    if not rest and share >= least and not (pairs and share % 2):
+        return share
+    multiple = 2 if pairs else 1
+    step, smallest = processes * multiple, -(-least // multiple) * multiple * processes
+    sizes = [s for s in ((global_batch - 1) // step * step, max(global_batch // step * step + step, smallest))
+             if s >= smallest]
+    use = " or ".join(str(s) for s in dict.fromkeys(sizes))
+    mixing = " (Mixup/CutMix mixes each process's images in pairs: an even share)" if pairs else ""
+    if share < least and not rest:
         raise ConfigError(f"--data.batch_size {global_batch} split among {processes} processes is {share} images "
                           f"per process and step, fewer than {MIN_SHARE}: too few to keep a device busy. Raise "
-                          f"--data.batch_size to {MIN_SHARE * processes} or more, or use fewer devices")
-    return share
+                          f"--data.batch_size to {smallest} or more, or use fewer devices")
+    if rest:
+        raise ConfigError(f"--data.batch_size {global_batch} is the global batch and must divide among the "
+                          f"{processes} processes of this run{mixing}: use a multiple of {step}, e.g. {use}")
+    where = f"{share} images per process" if processes > 1 else "one process's batch"
+    raise ConfigError(f"--data.batch_size {global_batch} is {where}, an odd number, and Mixup/CutMix (--model.mixup, "
+                      f"--model.cutmix) mixes each process's images in pairs: use {use} (a multiple of {step}), "
+                      f"or turn Mixup and CutMix off")
 
 
 def augmentation(crop_padding: int, hflip: bool, auto_augment: str | None, image_size: int):
@@ -132,8 +143,9 @@ class ImageDataModule(L.LightningDataModule):
         """
         Args:
             root: where the dataset is.
-            batch_size: the global batch: images per optimizer step, all processes together; N processes
-                take batch_size / N each (vit.data.split_batch), so a recipe trains the same on 1 or 16 devices.
+            batch_size: the global batch: images per step, all processes together (an optimizer step takes
+                --trainer.accumulate_grad_batches of them); N processes take batch_size / N each
+                (vit.data.split_batch), so a recipe trains the same on 1 or 16 devices.
             val_size: validation images split off the training set: a count, or a fraction in (0, 1).
             num_workers: DataLoader worker processes per loader.
             seed: seed of the validation split.
@@ -168,9 +180,27 @@ class ImageDataModule(L.LightningDataModule):
         count = self.val_size if isinstance(self.val_size, int) else max(1, round(self.val_size * len(labels)))
         return stratified_split(labels, count, self.seed)
 
-    def process_batch(self) -> int:
-        """This process's share of the global batch (``batch_size`` over the Trainer's processes)."""
-        return split_batch(self.batch_size, self.trainer.world_size if self.trainer is not None else 1)
+    def process_batch(self, train: bool = True) -> int:
+        """This process's share of the global batch (``batch_size`` over the Trainer's processes; in training,
+        even where the model mixes images in pairs)."""
+        trainer = self.trainer
+        if trainer is None:
+            return self.batch_size
+        pairs = train and getattr(trainer.lightning_module, "mixes_pairs", False)
+        return split_batch(self.batch_size, trainer.world_size, pairs)
+
+    def accumulation(self) -> int:
+        """Batches per optimizer step (``--trainer.accumulate_grad_batches``): an epoch is cut into whole
+        optimizer steps, so that B images × K batches train as one batch of B·K would, image for image."""
+        return self.trainer.accumulate_grad_batches if self.trainer is not None else 1
+
+    def check_train_size(self, images: int) -> None:
+        """Refuse a training set too small for one optimizer step, before training."""
+        step = self.batch_size * self.accumulation()
+        if images < step:
+            what = f"one batch of {self.batch_size}" if step == self.batch_size else \
+                f"one optimizer step's {step} ({self.batch_size} × --trainer.accumulate_grad_batches {self.accumulation()})"
+            raise ConfigError(f"the training set has {images} images, fewer than {what}: lower --data.batch_size")
 
     def run_dir(self) -> Path | None:
         """The run folder of the Trainer this module is attached to (vit.runs), if any."""
@@ -190,9 +220,9 @@ class ImageDataModule(L.LightningDataModule):
     def _loader(self, dataset, train: bool, collate_fn=None) -> DataLoader:
         trainer = self.trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        batch = self.process_batch()
+        batch = self.process_batch(train)
         if train:
-            sampler = EpochOrder(dataset, batch, self.seed, self.position, rank, world)
+            sampler = EpochOrder(dataset, batch, self.seed, self.position, rank, world, self.accumulation())
             dataset = SeededSamples(dataset)
         elif world > 1:
             from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
@@ -206,9 +236,7 @@ class ImageDataModule(L.LightningDataModule):
                           collate_fn=collate_fn)
 
     def train_dataloader(self):
-        if len(self.train_set) < self.batch_size:
-            raise ConfigError(f"the training set has {len(self.train_set)} images, fewer than one batch of "
-                             f"{self.batch_size}: lower --data.batch_size")
+        self.check_train_size(len(self.train_set))
         return self._loader(self.train_set, train=True)
 
     def state_dict(self) -> dict:
@@ -280,6 +308,7 @@ class CIFAR10DataModule(ImageDataModule):
             return super().train_dataloader()
         from vit.device_data import DeviceBatches
 
+        self.check_train_size(len(self.train_set))
         trainer = self.trainer
         device = trainer.strategy.root_device if trainer else torch.device("cpu")
         base, idx = self.train_set.dataset, self.train_set.indices
@@ -287,12 +316,73 @@ class CIFAR10DataModule(ImageDataModule):
                              self.seed, position=self.position.begin,
                              rank=trainer.global_rank if trainer else 0,
                              world_size=trainer.world_size if trainer else 1,
-                             padding=self.crop_padding, hflip=self.hflip)
+                             padding=self.crop_padding, hflip=self.hflip, accumulate=self.accumulation())
 
 
-def _skip_unreadable(batch):
-    """collate_fn: drop the images that failed to load after the setup check (see ClassFolder)."""
-    return default_collate([sample for sample in batch if sample is not None])
+class Unreadable(str):
+    """The path of an image that failed to load after the setup check (a sample in its place)."""
+
+
+class UnreadableBatch(list):
+    """The paths of a batch none of whose images could be read (what the collate gives in its place)."""
+
+
+def _skip_unreadable(batch, pairs: bool = False):
+    """collate_fn: drop the images that failed to load after the setup check (see ClassFolder); with ``pairs``
+    (Mixup/CutMix), an odd one too. None left: the batch's unreadable paths, an ``UnreadableBatch``."""
+    readable = [sample for sample in batch if not isinstance(sample, Unreadable)]
+    if pairs and len(readable) % 2:
+        readable = readable[:-1]
+    if not readable:
+        return UnreadableBatch(sample for sample in batch if isinstance(sample, Unreadable))
+    return default_collate(readable)
+
+
+class SkipUnreadable:
+    """A loader of image folders without its batches none of whose images could be read. Training: skipped on
+    every process alike (all processes agree on each batch, in a gloo all-reduce that leaves the devices alone:
+    skipping on one process only would desynchronise DDP's collectives), each counted in the data position
+    (vit.resume.DataPosition), so that a resumed run reads on where it stopped. Validation and test: skipped
+    by the process that reads it. Each skip is one line naming the files."""
+
+    def __init__(self, loader: DataLoader, position: DataPosition | None, rank: int = 0, world: int = 1,
+                 what: str = "training"):
+        self.loader, self.position, self.rank, self.world, self.what = loader, position, rank, world, what
+        self.group = None
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def _agree(self, unreadable: bool) -> bool:
+        """Whether any process's batch is unreadable: one all-reduce, issued by every process for every batch."""
+        import torch.distributed as dist
+
+        if self.position is None or self.world == 1 or not dist.is_initialized():
+            return unreadable
+        if self.group is None:  # the first batch: every process makes the group here, in the same order
+            self.group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        flag = torch.tensor([int(unreadable)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(flag.item())
+
+    def __iter__(self):
+        for batch in self.loader:
+            unreadable = isinstance(batch, UnreadableBatch)
+            if not self._agree(unreadable):
+                if self.position is not None:
+                    self.position.yielded += 1
+                yield batch
+                continue
+            if self.position is not None:
+                self.position.skipped.append(self.position.yielded)
+            where = f"process {self.rank}: " if self.world > 1 else ""
+            alike = " on every process" if self.world > 1 and self.position is not None else ""
+            if unreadable:
+                print(f"warning: {where}skipped a {self.what} batch{alike}: none of its images could be read "
+                      f"({', '.join(batch)})", file=sys.stderr)
+            elif self.rank == 0:
+                print(f"warning: skipped a {self.what} batch on every process: another process could read none "
+                      f"of its images (it names them)", file=sys.stderr)
 
 
 class ClassFolder(ImageFolder):
@@ -318,7 +408,7 @@ class ClassFolder(ImageFolder):
             image = self.loader(path)
         except ImageError as e:
             print(f"warning: skipping {path}: {e}", file=sys.stderr)
-            return None
+            return Unreadable(path)
         return self.transform(image), target
 
 
@@ -397,5 +487,10 @@ class ImageFolderDataModule(ImageDataModule):
             rank_zero_info(f"{self.root} has no test/ folder: the validation images are used for the test")
         self.train_set, self.val_set, self.test_set = train, val, test or val
 
-    def _loader(self, dataset, train: bool, collate_fn=None) -> DataLoader:
-        return super()._loader(dataset, train, collate_fn=_skip_unreadable)
+    def _loader(self, dataset, train: bool, collate_fn=None) -> SkipUnreadable:
+        trainer = self.trainer
+        pairs = train and trainer is not None and getattr(trainer.lightning_module, "mixes_pairs", False)
+        loader = super()._loader(dataset, train, collate_fn=partial(_skip_unreadable, pairs=pairs))
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        return SkipUnreadable(loader, self.position if train else None, rank, world,
+                              "training" if train else "validation or test")

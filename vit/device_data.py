@@ -58,18 +58,21 @@ class DeviceBatches:
     global batch from a generator seeded with (seed, epoch, step), and each rank takes those of its
     images: an image's augmentation does not depend on the number of processes or the rank, and an epoch
     can start at any step exactly: ``position(batches)`` says which epoch a new iterator is and its first
-    batch (vit.resume.DataPosition). The last incomplete batch is dropped.
+    batch (vit.resume.DataPosition). With ``accumulate`` batches per optimizer step, the draws are those of
+    the optimizer step's images, and the epoch is whole optimizer steps: the images and augmentations of one
+    batch ``accumulate`` times larger. The last incomplete optimizer step is dropped.
     """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, seed: int,
                  position: Callable[[int], tuple[int, int]], rank: int = 0, world_size: int = 1,
-                 padding: int = 4, hflip: bool = True):
+                 padding: int = 4, hflip: bool = True, accumulate: int = 1):
         self.images, self.labels = images, labels
         self.batch_size, self.seed, self.position = batch_size, seed, position
         self.rank, self.world_size, self.padding, self.hflip = rank, world_size, padding, hflip
+        self.accumulate = accumulate
 
     def __len__(self) -> int:
-        return (len(self.labels) // self.world_size) // self.batch_size
+        return (len(self.labels) // self.world_size) // (self.batch_size * self.accumulate) * self.accumulate
 
     def __iter__(self):
         device = self.images.device
@@ -79,11 +82,14 @@ class DeviceBatches:
                                generator=torch.Generator(device=device).manual_seed(epoch_seed(self.seed, epoch)))
         shard = order[self.rank :: self.world_size]
         g = torch.Generator(device=device)
+        global_batch = self.batch_size * self.world_size
         for i in range(start, len(self)):
             idx = shard[i * self.batch_size : (i + 1) * self.batch_size]
             images = self.images[idx]
             if self.padding > 0 or self.hflip:
-                g.manual_seed(epoch_seed(self.seed, epoch) * 100_003 + i)
-                draws = crop_flip_draws(len(idx) * self.world_size, self.padding, self.hflip, device, g)
-                images = crop_flip(images, *(d[self.rank :: self.world_size] for d in draws), self.padding)
+                step, part = divmod(i, self.accumulate)  # the optimizer step's draws, and this batch's part of them
+                g.manual_seed(epoch_seed(self.seed, epoch) * 100_003 + step)
+                draws = crop_flip_draws(global_batch * self.accumulate, self.padding, self.hflip, device, g)
+                mine = (d[part * global_batch : (part + 1) * global_batch][self.rank :: self.world_size] for d in draws)
+                images = crop_flip(images, *mine, self.padding)
             yield images, self.labels[idx]

@@ -60,16 +60,43 @@ def storage_message(error: OSError, run: Path | None, argv: list[str]) -> str:
 
 
 def out_of_memory_message(error: BaseException, datamodule) -> str:
-    share = datamodule.process_batch() if datamodule is not None and datamodule.trainer is not None else None
+    """One line: the batch each device took, and flags that take fewer images per device at a time and keep
+    the images (and so the lr) of each optimizer step (vit.data.split_batch accepts them), then other ways."""
+    trainer = getattr(datamodule, "trainer", None)
     total = getattr(datamodule, "batch_size", None)
-    batch = f"{share} images per device (the global batch {total} split among the processes)" if share else \
-        "this batch"
-    half = f"--data.batch_size {total // 2} --trainer.accumulate_grad_batches 2" if total else \
-        "half the batch with --trainer.accumulate_grad_batches 2"
     first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
-    return (f"the accelerator ran out of memory with {batch}. Try {half} (the same global batch and lr in two "
-            f"passes), a smaller --data.batch_size (the lr scales with it), --trainer.precision bf16-mixed, or more "
-            f"devices (each takes a smaller share) ({first[:200]})")
+    rest = (f"a smaller --data.batch_size (the lr scales with it), --trainer.precision bf16-mixed, or more devices "
+            f"(each takes a smaller share) ({first[:200]})")
+    if trainer is None or not isinstance(total, int):
+        return f"the accelerator ran out of memory with this batch. Try half the batch with twice " \
+               f"--trainer.accumulate_grad_batches, {rest}"
+    share, (flags, passes) = datamodule.process_batch(), smaller_passes(trainer, total)
+    line = f"the accelerator ran out of memory with {share} images per device (the global batch {total} split " \
+           f"among the processes)."
+    if flags:
+        return f"{line} Try {flags} (the same {total * trainer.accumulate_grad_batches} images and lr per optimizer " \
+               f"step, {passes} per device at a time), {rest}"
+    return f"{line} Each device already takes the fewest images the split allows; try {rest}"
+
+
+def smaller_passes(trainer, total: int) -> tuple[str | None, int]:
+    """The flags that divide ``total`` (the global batch) by the smallest factor the split among the Trainer's
+    processes accepts, and multiply the accumulation by it, and the images per device they give; (None, 0)
+    when no smaller share splits (vit.data.MIN_SHARE per process, even under Mixup/CutMix)."""
+    from vit.data import split_batch
+    from vit.exits import ConfigError
+
+    world, k = trainer.world_size, trainer.accumulate_grad_batches
+    pairs = getattr(trainer.lightning_module, "mixes_pairs", False)
+    for factor in range(2, total + 1):
+        if total % factor:
+            continue
+        try:
+            share = split_batch(total // factor, world, pairs)
+        except ConfigError:
+            continue
+        return f"--data.batch_size {total // factor} --trainer.accumulate_grad_batches {k * factor}", share
+    return None, 0
 
 
 def driver_report() -> str:
@@ -115,35 +142,105 @@ def nccl_errors_reach_python() -> None:
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
 
 
+def wandb_base_url() -> str:
+    """The W&B server wandb logs to, found as wandb finds it: WANDB_BASE_URL (a self-hosted server), else the
+    server `wandb login --host URL` saved in wandb's settings file (in WANDB_CONFIG_DIR, else
+    ~/.config/wandb), else wandb's default."""
+    url = os.environ.get("WANDB_BASE_URL")
+    if not url:
+        import wandb
+
+        settings = wandb.Settings(silent=True)
+        if hasattr(settings, "update_from_system_settings"):  # (wandb's reader of its settings files; older
+            # wandb has none, and a run there checks its default server)
+            settings.settings_system = str(Path(os.environ.get("WANDB_CONFIG_DIR") or "~/.config/wandb").expanduser()
+                                           / "settings")
+            settings.update_from_system_settings()
+        url = settings.base_url
+    return url.rstrip("/")
+
+
 def wandb_unreachable(timeout: float) -> str | None:
-    """Why the W&B server cannot be reached from here, or None when it answers within ``timeout`` seconds."""
-    url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
-    why = unreachable(url, timeout)
+    """Why the W&B server cannot be reached from here, or None when it answers within ``timeout`` seconds.
+    It is asked what wandb asks it, a GraphQL query (no credentials sent): an answer counts only when it
+    comes from a W&B server — a GraphQL answer, a success, or a 401 for the missing credentials — not a
+    proxy's or gateway's 407, 403 or 5xx."""
+    import json
+
+    url = wandb_base_url()
+
+    def from_wandb(status: int, body: bytes) -> bool:
+        try:
+            answer = json.loads(body)
+        except ValueError:
+            answer = None
+        return isinstance(answer, dict) and ("data" in answer or "errors" in answer) or \
+            200 <= status < 300 or status == 401
+
+    why = unreachable(f"{url}/graphql", timeout, data=b'{"query": "{ __typename }"}', accept=from_wandb)
     return why and f"{url} {why}"
 
 
-def unreachable(url: str, timeout: float) -> str | None:
-    """Why ``url`` cannot be reached from here ("did not answer within ...", "cannot be reached (...)"), or
-    None when it answers within ``timeout`` seconds (any HTTP answer counts). DNS, connect and the answer
-    together are bounded: the probe runs in a thread that is left behind when it takes longer."""
+def ca_context():
+    """A TLS context that trusts what wandb's HTTP clients trust: the system's certificates or SSL_CERT_FILE /
+    SSL_CERT_DIR (OpenSSL's variables, which wandb's uploader, wandb-core, reads too), and the bundle of
+    REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE (read by requests, wandb's Python client). A variable that names no
+    file or folder raises OSError naming it."""
+    import ssl
+
+    context = ssl.create_default_context()
+    for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        bundle = os.environ.get(name)
+        if bundle:
+            try:
+                if os.path.isdir(bundle):
+                    context.load_verify_locations(capath=bundle)
+                else:
+                    context.load_verify_locations(cafile=bundle)
+            except (OSError, ssl.SSLError) as e:
+                raise OSError(f"{name}={bundle}: {getattr(e, 'strerror', None) or e}") from None
+            break  # requests reads the first one set
+    return context
+
+
+def unreachable(url: str, timeout: float, data: bytes | None = None, accept=None) -> str | None:
+    """Why ``url`` cannot be reached from here ("did not answer within ...", "cannot be reached (...)",
+    "answered HTTP 407 ..."), or None when it answers within ``timeout`` seconds. ``data``: POSTed as JSON;
+    ``accept(status, body)``: whether an answer is the server's own (default: any HTTP answer is). Proxies
+    (https_proxy, no_proxy) and CA bundles (``ca_context``) are those of the environment. DNS, connect and
+    the answer together are bounded: the probe runs in a thread that is left behind when it takes longer."""
     import urllib.error
     import urllib.request
 
-    failed: list[BaseException] = []
+    failed: list[str] = []
 
     def probe() -> None:
+        request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
         try:
-            urllib.request.urlopen(url, timeout=timeout).close()
-        except urllib.error.HTTPError:
-            pass  # the server answered
-        except OSError as e:  # URLError, a refused or reset connection, a timeout, TLS: no route there
-            failed.append(e)
+            with urllib.request.urlopen(request, timeout=timeout, context=ca_context()) as answer:
+                status, body = answer.status, answer.read(65536)
+        except urllib.error.HTTPError as e:  # the server (or what stands in its way) answered
+            status, body = e.code, b""
+            try:
+                body = e.read(65536) if e.fp else b""
+            except OSError:  # (an answer cut short: its status still says who answered)
+                pass
+        except OSError as e:  # URLError, a refused or reset connection, a timeout, TLS, a CA bundle: no route there
+            failed.append(f"cannot be reached ({getattr(e, 'reason', e)})")
+            return
+        if accept is not None and not accept(status, body):
+            import http
+
+            try:
+                phrase = f" {http.HTTPStatus(status).phrase}"
+            except ValueError:
+                phrase = ""
+            failed.append(f"answered HTTP {status}{phrase}, which is not the server's own answer (a proxy or gateway "
+                          "in the way?)")
 
     thread = threading.Thread(target=probe, name="url-probe", daemon=True)
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
         return f"did not answer within {timeout:g} s"
-    if failed:
-        return f"cannot be reached ({getattr(failed[0], 'reason', failed[0])})"
-    return None
+    return failed[0] if failed else None

@@ -1,8 +1,9 @@
 """The measured figures of README and docs/: the runs that measure them on the machine at hand (``make
 figures``), the records they leave in ``results/``, and the pages' tables rendered from those records.
 
-A plan is a list of steps; a step is one training run (``vit-train``, continued across commands of at
-most ``minutes`` each through ``--stop_after_minutes`` and ``--ckpt_path last``), several training runs
+A plan is a list of steps; a step is one training run (``vit-train``, one command to its end; with
+``minutes``, continued across commands of at most that long through ``--stop_after_minutes`` and
+``--ckpt_path last``), several training runs
 at once (one pinned CPU core each, so that they share the machine alike), or one benchmark. Each step's
 record (the run's ``results.json``, the benchmark's JSON) is copied to ``results/<table>/<name>.json``
 with its row's label; the pages' blocks ``<!-- figures: TABLE -->`` … ``<!-- /figures -->`` are rendered
@@ -223,7 +224,7 @@ class Runner:
     data_root: Path
     runs_root: Path
     results_dir: Path
-    minutes: float = 9.0
+    minutes: float | None = None  # each command's wall-clock bound; None: each run and benchmark whole
     quick: bool = False
     max_commands: int | None = None  # stop after this many commands (a lease of a few commands)
     commands: int = field(default=0)
@@ -269,8 +270,11 @@ class Runner:
         root = self.data_root if job.data == "cifar" else self.folders()
         return [sys.executable, str(self.tree(job) / "scripts" / "train.py"), *job.args, "--data.root", str(root),
                 "--trainer.default_root_dir", str(self.runs_root / job.table), "--run", job.name,
-                "--ckpt_path", "last", "--stop_after_minutes", f"{self.minutes:g}",
-                *(QUICK_TRAIN if self.quick else ())]
+                "--ckpt_path", "last", *self.bound("--stop_after_minutes"), *(QUICK_TRAIN if self.quick else ())]
+
+    def bound(self, option: str) -> tuple[str, ...]:
+        """``option minutes`` for a command when a bound was asked for (--minutes), else nothing."""
+        return (option, f"{self.minutes:g}") if self.minutes is not None else ()
 
     def run_step(self, step: Step) -> bool:
         """Run the step's jobs to their end (False: stopped for --max-commands; run again to continue)."""
@@ -293,8 +297,8 @@ class Runner:
         return True
 
     def train_at_once(self, jobs: list[Run]) -> list[int]:
-        """Each job as one command of at most ``minutes``; several at once get one CPU core and one
-        thread each."""
+        """Each job as one command (of at most ``minutes`` when given); several at once get one CPU core and
+        one thread each."""
         pinned = len(jobs) > 1
         procs = []
         for core, job in enumerate(jobs):
@@ -310,11 +314,11 @@ class Runner:
 
     def benchmark_command(self, job: Benchmark, out: Path) -> list[str]:
         return [sys.executable, str(REPO / "scripts" / "benchmark.py"), *(QUICK_BENCH if self.quick else job.args),
-                "--output", str(out), "--minutes", f"{self.minutes:g}"]
+                "--output", str(out), *self.bound("--minutes")]
 
     def benchmark(self, job: Benchmark) -> bool:
-        """One command of the benchmark, bounded by ``minutes`` as a training command is (False: it stopped
-        with sections left, which the next command measures)."""
+        """One command of the benchmark, bounded by ``minutes`` (when given) as a training command is (False:
+        it stopped with sections left, which the next command measures)."""
         out = self.runs_root / job.table / f"{job.name}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         if self.quick_report:  # --quick runs one command for every benchmark: it runs once

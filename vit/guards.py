@@ -288,10 +288,12 @@ class StopOnSignal(L.Callback):
         self.signalled = True
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        from vit.resume import at_epoch_end
+        from vit.resume import at_epoch_end, at_step_end
 
-        # not at an epoch's last step (every process is there alike): its end-of-epoch checkpoint follows
-        if self.job and trainer.global_step % self.every_n_steps == 0 and not at_epoch_end(trainer):
+        # at an optimizer step's end (not inside an accumulation window); not at an epoch's last step (every
+        # process is there alike): its end-of-epoch checkpoint follows
+        if self.job and at_step_end(trainer) and trainer.global_step % self.every_n_steps == 0 \
+                and not at_epoch_end(trainer):
             self.check(trainer)
 
     def check(self, trainer) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import logging
-import netrc
 import os
 import sys
 
@@ -35,21 +34,35 @@ def quiet_lightning() -> None:
 
 
 def wandb_credentials_present() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
+    """Whether wandb will find credentials for the W&B server this run logs to (``wandb_base_url``: W&B's, or
+    WANDB_BASE_URL's self-hosted one), read as wandb reads them: WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE, or
+    the server's entry in the netrc file (NETRC, else ~/.netrc), where `wandb login [--host URL]` writes it."""
+    from vit.environment import wandb_base_url
+
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return True
+    url = wandb_base_url()
     try:
-        return netrc.netrc().authenticators("api.wandb.ai") is not None
-    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        from wandb.sdk.lib.wbauth import read_netrc_auth
+    except ImportError:  # an older wandb, which read the netrc file with requests' reader
+        from requests.utils import get_netrc_auth
+
+        return bool(get_netrc_auth(url))
+    from wandb.errors import AuthenticationError
+
+    try:
+        return bool(read_netrc_auth(host=url))
+    except (AuthenticationError, ValueError):  # a malformed key or URL: wandb could not log in with it either
         return False
 
 
 class WandbLogger(_LightningWandbLogger):
     """Lightning's WandbLogger that never waits for an interactive login or an unreachable server: without
     credentials (and without an explicit WANDB_MODE) it logs offline, to be uploaded later with `wandb sync`;
-    with credentials but no route to the W&B server (a compute node), it logs offline after at most
-    ``reach_timeout`` seconds instead of wandb's own 90 s and a traceback. Only rank zero starts the W&B run
-    (Lightning's ``rank_zero_experiment``), so it alone asks the network, once; the other processes never
-    touch W&B."""
+    with credentials but no route to the W&B server (a compute node, or a proxy that answers in its place),
+    it logs offline after at most ``reach_timeout`` seconds instead of wandb's own 90 s and a traceback. Only
+    rank zero starts the W&B run (Lightning's ``rank_zero_experiment``), so it alone asks the network, once;
+    the other processes never touch W&B."""
 
     def __init__(self, *args, project: str | None = None, reach_timeout: float = 10.0, **kwargs):
         """
@@ -65,7 +78,10 @@ class WandbLogger(_LightningWandbLogger):
             # wandb's own offline mode (not Lightning's offline=True, which refuses log_model): checkpoint
             # artifacts are kept in the run folder and uploaded by `wandb sync` with the rest
             kwargs["mode"] = "offline"
-            rank_zero_info("wandb: no credentials found (WANDB_API_KEY or `wandb login`), logging offline; "
+            from vit.environment import wandb_base_url
+
+            rank_zero_info(f"wandb: no credentials found for {wandb_base_url()} (WANDB_API_KEY, or `wandb login` "
+                           "in a netrc file), logging offline; "
                            f"upload later with `wandb sync {kwargs.get('save_dir', '.')}/wandb/offline-run-*`")
         super().__init__(*args, **kwargs)
         self._wandb_init.pop("anonymous", None)  # wandb warns that the setting has no effect

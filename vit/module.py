@@ -176,6 +176,12 @@ class ViTClassifier(L.LightningModule):
         return flip_averaged(self.eval_model, x) if self.hparams.get("tta_flip") else self.eval_model(x)
 
     @property
+    def mixes_pairs(self) -> bool:
+        """Whether each process's batch must be even: timm's Mixup/CutMix mixes its images in pairs
+        (vit.data.split_batch refuses an odd share before training)."""
+        return self.mixup_fn is not None
+
+    @property
     def flops_per_batch(self) -> int:
         """Analytic FLOPs of one training step of one process (vit.model.flops_per_image), for Throughput."""
         config = replace(self.model.config, image_size=self.train_image_size)

@@ -39,6 +39,10 @@ PRIVATE_USES = (
      "wherever they happen (a first batch, a resize stage, a callback's forward, the lazily compiled backward): "
      "torch calls these start and end callbacks around each compile, and no public torch.compiler API tells "
      "another thread that this one compiles (torch.compiler.is_compiling answers only inside the traced code)"),
+    ("vit/loggers.py", "wandb.sdk.lib.wbauth.read_netrc_auth", "whether wandb will find a key in the netrc file for "
+     "the server it logs to (a self-hosted one's host:port, or the host behind W&B's default URL): wandb's own "
+     "reader, as wandb.init uses it, where wandb has one (older versions read the file with requests' public "
+     "get_netrc_auth); wandb has no public function that answers without logging in or prompting"),
     ("vit/benchmark.py", "_check_integrity", "the benchmark's torchvision CIFAR10 reads generated files whose md5s "
      "are not the official ones (with _load_meta, overridden); benchmark only"),
 )

@@ -45,30 +45,36 @@ def consumed_batches(trainer) -> int:
 class DataPosition:
     """Which epoch a new train iterator is, and its first batch. Epochs are counted as iterators are made
     (Lightning makes the first one of a fit before it restores its own epoch counter); a checkpoint taken
-    mid-epoch makes the next iterator continue that epoch after its consumed batches."""
+    mid-epoch makes the next iterator continue that epoch after its consumed batches. A loader that skips
+    batches (vit.data.SkipUnreadable) notes, for each one it skips, how many it had given the loop before
+    (``skipped``): the loader's position is the loop's consumed batches plus the ones skipped before them."""
 
     def __init__(self):
         self.epochs = 0  # iterators made
         self.epoch = 0  # the newest iterator's epoch
-        self.resume_at: tuple[int, int] | None = None  # (epoch, consumed batches) of a mid-epoch checkpoint
+        self.resume_at: tuple[int, ...] | None = None  # (epoch, loader batches[, skipped]) of a mid-epoch checkpoint
+        self.yielded = 0  # batches the newest iterator has given the loop, counted as the loop counts its epoch
+        self.skipped: list[int] = []  # of the newest iterator's skipped batches, ``yielded`` when each was skipped
 
     def begin(self, batches: int) -> tuple[int, int]:
         """(epoch, first batch) of a new iterator over ``batches`` batches."""
         resume, self.resume_at = self.resume_at, None
         if resume is not None and 0 < resume[1] < batches:
-            self.epoch, start = resume
+            self.epoch, start, skipped = (*resume, 0)[:3]  # (skipped: none unless said)
         else:
-            self.epoch, start = self.epochs, 0
+            self.epoch, start, skipped = self.epochs, 0, 0
             self.epochs += 1
+        self.yielded, self.skipped = start - skipped, [-1] * skipped  # (those skipped before the resumed batch)
         return self.epoch, start
 
     def state_dict(self, trainer) -> dict:
-        return {"train_epochs": self.epochs, "epoch": self.epoch,
-                "batches": consumed_batches(trainer) if trainer is not None else 0}
+        consumed = consumed_batches(trainer) if trainer is not None else 0
+        skipped = sum(1 for yielded in self.skipped if yielded < consumed)
+        return {"train_epochs": self.epochs, "epoch": self.epoch, "batches": consumed + skipped, "skipped": skipped}
 
     def load_state_dict(self, state: dict) -> None:
         self.epochs = state.get("train_epochs", 0)
-        self.resume_at = (state["epoch"], state["batches"]) if "batches" in state else None
+        self.resume_at = (state["epoch"], state["batches"], state.get("skipped", 0)) if "batches" in state else None
 
 
 class EpochOrder(DistributedSampler):
@@ -77,12 +83,15 @@ class EpochOrder(DistributedSampler):
     DistributedSampler, so that Lightning leaves it in place under DDP."""
 
     def __init__(self, dataset, batch_size: int, seed: int, position: DataPosition, rank: int = 0,
-                 world_size: int = 1):
+                 world_size: int = 1, accumulate: int = 1):
         super().__init__(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True)
-        self.batch_size, self.position = batch_size, position
+        self.batch_size, self.position, self.accumulate = batch_size, position, accumulate
 
     def __len__(self) -> int:
-        return len(self.dataset) // self.num_replicas // self.batch_size * self.batch_size
+        """Whole optimizer steps of ``accumulate`` batches: the images a batch ``accumulate`` times larger
+        would take, in the same order."""
+        step = self.batch_size * self.accumulate
+        return len(self.dataset) // self.num_replicas // step * step
 
     def __iter__(self):
         epoch, start = self.position.begin(len(self) // self.batch_size)
@@ -172,15 +181,25 @@ class RNGStates(L.Callback):
 
 
 def at_epoch_end(trainer) -> bool:
-    """Whether the step just taken was the epoch's last: its end-of-epoch checkpoints follow, after the
-    validation. A step checkpoint there would be resumed as a finished epoch and skip that validation."""
-    return consumed_batches(trainer) >= trainer.num_training_batches
+    """Whether the step just taken was the epoch's last (the loader's last batch: fewer than its length where
+    it skipped some): its end-of-epoch checkpoints follow, after the validation. A step checkpoint there would
+    be resumed as a finished epoch and skip that validation."""
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    return consumed_batches(trainer) >= trainer.num_training_batches or progress.is_last_batch
+
+
+def at_step_end(trainer) -> bool:
+    """Whether the batch just trained ended an optimizer step: the last batch of an accumulation window
+    (``--trainer.accumulate_grad_batches``), or of the epoch. A checkpoint or a stop inside a window would
+    lose the gradients summed so far; at a window's end, the consumed batches and the RNG states saved are
+    those the resumed run continues from."""
+    return consumed_batches(trainer) % trainer.accumulate_grad_batches == 0 or at_epoch_end(trainer)
 
 
 class StepCheckpoint(ModelCheckpoint):
     """The rolling step checkpoint: ``<run>/checkpoints/step.ckpt``, rewritten every ``minutes`` of
-    training (Lightning's ``train_time_interval``), mid-epoch; never at an epoch's last step (it is due
-    again at the next one)."""
+    training (Lightning's ``train_time_interval``), mid-epoch, at the end of an optimizer step (never
+    inside an accumulation window); never at an epoch's last step (it is due again at the next one)."""
 
     def __init__(self, dirpath, minutes: float):
         from datetime import timedelta
@@ -191,5 +210,5 @@ class StepCheckpoint(ModelCheckpoint):
                          train_time_interval=timedelta(minutes=minutes))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if not at_epoch_end(trainer):
+        if at_step_end(trainer) and not at_epoch_end(trainer):
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)

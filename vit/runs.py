@@ -46,23 +46,64 @@ def wandb_id(run: Path, known: str | None = None) -> str:
     return path.read_text().strip()
 
 
+def saved_step(path: Path) -> tuple[int, float | None] | None:
+    """(optimizer steps, the time it was saved when it records one) of a checkpoint, read lazily: torch.load
+    with ``mmap`` reads the file's pickle and maps its tensors without reading them, so the cost does not
+    grow with the size of the weights. None when reading fails (a torn or corrupt file, which
+    ``read_checkpoint`` then names) or the file holds no step."""
+    import torch
+
+    from vit.checkpoint_io import SAVED_AT
+
+    ckpt = None
+    for lazily in (True, False):  # (a file system that cannot map files: read it whole)
+        try:
+            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=lazily)
+            break
+        except Exception:  # noqa: BLE001 - a corrupt file can fail anywhere in torch.load; read_checkpoint says why
+            continue
+    step = ckpt.get("global_step") if isinstance(ckpt, dict) else None
+    if not isinstance(step, int):
+        return None
+    saved = ckpt.get(SAVED_AT)
+    return step, saved if isinstance(saved, float) else None
+
+
 def checkpoints(run: Path) -> list[Path]:
-    """The run's checkpoints (last.ckpt at each epoch's end, step.ckpt mid-epoch, the best ones), newest
-    first. Each was written whole or not at all (vit.checkpoint_io), but a file copied, restored or
-    written by another tool may still be torn: ``newest_readable`` reads them."""
+    """The run's checkpoints (last.ckpt at each epoch's end, step.ckpt mid-epoch, the best ones), the one
+    with the most optimizer steps first, as each file records it (a copy's modification times say nothing).
+    At equal steps step.ckpt and last.ckpt come before the best ones, and the later saved first. A file
+    whose step cannot be read comes first: each was written whole or not at all (vit.checkpoint_io), but a
+    file copied, restored or written by another tool may still be torn, and ``newest_readable`` names it."""
     folder = run / CHECKPOINTS
     found = [p for p in folder.glob("*.ckpt") if p.is_file()] if folder.is_dir() else []
-    return sorted(found, key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    steps = {p: saved_step(p) for p in found}
+
+    def order(path: Path) -> tuple:
+        if steps[path] is None:
+            return (0, path.name)
+        step, saved = steps[path]
+        return (1, -step, path.name not in (STEP, LAST), -(saved or 0.0), path.name != LAST, path.name)
+
+    return sorted(found, key=order)
 
 
 def last_checkpoint(run: Path) -> Path | None:
-    """The run's newest checkpoint file, read or not."""
+    """The run's checkpoint with the most steps (``checkpoints``), read or not."""
     return next(iter(checkpoints(run)), None)
 
 
+def saved_at(path: Path) -> float:
+    """When a checkpoint was saved: the time it records, else (written by another tool or an older version)
+    its modification time."""
+    known = saved_step(path)
+    return known[1] if known and known[1] is not None else path.stat().st_mtime
+
+
 def newest_readable(run: Path) -> tuple[Path, dict, str] | None:
-    """(path, checkpoint, a line naming each newer file skipped and why, or "") of the run's newest
-    checkpoint that reads; None when the run has none; RunError when it has some and none reads."""
+    """(path, checkpoint, a line naming each file before it skipped and why, or "") of the first checkpoint
+    of ``checkpoints`` (the most steps) that reads; None when the run has none; RunError when it has some
+    and none reads."""
     skipped = []
     for path in checkpoints(run):
         try:
@@ -76,10 +117,14 @@ def newest_readable(run: Path) -> tuple[Path, dict, str] | None:
 
 
 def newest_run(root: Path) -> Path | None:
-    """The run under ``root`` whose newest checkpoint was written last."""
-    found = [(d, last_checkpoint(d)) for d in root.iterdir() if d.is_dir()] if root.is_dir() else []
-    newest = max(((d, ckpt) for d, ckpt in found if ckpt), key=lambda pair: pair[1].stat().st_mtime_ns, default=None)
-    return newest[0] if newest else None
+    """The run under ``root`` whose latest checkpoint was saved last, by the time each checkpoint records
+    (``saved_at``): a copy of the runs (``cp -r``) keeps it, where it resets the files' modification times."""
+    latest = {}
+    for run in root.iterdir() if root.is_dir() else ():
+        found = [p for p in (run / CHECKPOINTS).glob("*.ckpt") if p.is_file()] if run.is_dir() else []
+        if found:
+            latest[run] = max(saved_at(p) for p in found)
+    return max(latest, key=latest.get, default=None)
 
 
 def run_of(checkpoint: Path) -> Path | None:
@@ -105,8 +150,8 @@ def resolve(root: Path, ckpt_path: str | None, name: str | None) -> tuple[Path, 
     """(run folder, checkpoint to resume or None, that checkpoint read when ``ckpt_path`` is "last", one line
     to print or None) for a ``fit``.
 
-    ``ckpt_path``: None (a new run), "last" (the newest readable checkpoint of the newest run of ``root``,
-    or of the run ``name``), or a file (its own run folder when it sits in one). ``name``: a run folder
+    ``ckpt_path``: None (a new run), "last" (the readable checkpoint with the most steps of the newest run of
+    ``root``, or of the run ``name``), or a file (its own run folder when it sits in one). ``name``: a run folder
     under ``root`` chosen by the user.
     """
     shared = os.environ.get(ENV)
@@ -167,9 +212,13 @@ def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict
                  claimed: list[Path]) -> tuple[Path, tuple[Path, dict] | None]:
     """The run folder a fit writes into (``resolve``), and the checkpoint it resumes from with its contents
     (None: a new run), checked to fit the command line's ``arch``; a folder this call created is appended to
-    ``claimed`` (removed again if the run never starts). Says which in one line."""
-    from lightning.pytorch.utilities import rank_zero_info
+    ``claimed`` (removed again if the run never starts). Says which in one line.
 
+    Process 0 deletes the drafts of saves killed in an earlier attempt (vit.checkpoint_io): it alone writes
+    checkpoints (Lightning saves on the global rank zero only), and no training, so no save, has begun."""
+    from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+
+    from vit.checkpoint_io import remove_drafts
     from vit.checkpoints import check_fits
 
     given = read_checkpoint(ckpt_path) if ckpt_path not in (None, "last") else None
@@ -185,4 +234,8 @@ def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict
         check_fits(ckpt, arch, ckpt_path)
         resume = (resume_from, ckpt)
     rank_zero_info(note or f"run folder: {run}")
+    if rank_zero_only.rank == 0 and (drafts := remove_drafts(run / CHECKPOINTS)):
+        rank_zero_info(f"removed {len(drafts)} draft(s) of checkpoint saves that were killed "
+                       f"({sum(size for _, size in drafts) / 1e6:.1f} MB) from {run / CHECKPOINTS}: "
+                       f"{', '.join(name for name, _ in drafts)}")
     return run, resume

@@ -18,10 +18,12 @@ this machine, keep their records in results/, and render the pages' tables from 
 A row that has a record in results/ is not measured again, and a run whose folder exists (runs/figures/
 TABLE/ROW) is resumed: to measure a table again, delete both (rm -r results/cpu runs/figures/cpu).
 
-Each command it runs ends within --minutes (a rented GPU's limit per command): a longer training run stops at
-an epoch end with exit 4 and the next command continues it exactly (--ckpt_path last); a benchmark stops
-with the sections it has not finished, which the next command measures (vit-benchmark --minutes). With
---max-commands N it stops after N commands (exit 4); the same make figures continues where it stopped.
+Each training run and each benchmark runs whole, as one command. With --minutes M (on a machine that
+bounds the time of each command), each command it runs ends within M minutes instead: a longer training
+run stops at an epoch end with exit 4 and the next command continues it exactly (--ckpt_path last); a
+benchmark stops with the sections it has not finished, which the next command measures (vit-benchmark
+--minutes). With --max-commands N it stops after N commands (exit 4); the same make figures continues
+where it stopped.
 
 Exit status: 0 done; 1 a step failed (its own output says why) or a page differs (--check);
 2 a bad argument; 4 stopped by --max-commands: run it again to continue.
@@ -47,7 +49,9 @@ parser.add_argument("--runs", type=Path, default=Path("runs/figures"), help="whe
 parser.add_argument("--results", type=Path, default=None, help="the records' folder (default: results/ of the repository)")
 parser.add_argument("--readme", type=Path, default=None,
                     help="the one page to render (default: the repository's README.md and docs/*.md)")
-parser.add_argument("--minutes", type=float, default=9.0, help="wall-clock limit of each command it runs")
+parser.add_argument("--minutes", type=float, default=None,
+                    help="end each command it runs within this many minutes, continuing a longer run in the next "
+                         "command (default: each run whole)")
 parser.add_argument("--max-commands", type=int, default=None, help="stop after this many commands (exit 4)")
 parser.add_argument("--quick", action="store_true",
                     help="toy scale on CPU, on generated data; records, data and runs under --results")
@@ -66,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [p for p in plans if p not in figures.PLANS]
     if unknown:
         print(f"error: --plan {unknown[0]}: not a plan ({', '.join(figures.PLANS)})", file=sys.stderr)
+        return 2
+    if args.minutes is not None and args.minutes <= 0:
+        print(f"error: --minutes {args.minutes:g}: takes a positive number of minutes", file=sys.stderr)
         return 2
     results_dir = args.results or figures.REPO / "results"
     if args.quick and args.results is None:

@@ -32,6 +32,7 @@ from vit.callbacks import LogConfig, run_callbacks
 from vit.guards import StopAfterMinutes, Watchdog
 from vit.progress import ProgressBar
 from vit.checkpoints import read_checkpoint
+from vit.data import split_batch
 from vit.exits import ConfigError, Stopped
 from vit.loggers import quiet_lightning
 from vit.module import ViTClassifier
@@ -164,8 +165,15 @@ class ViTCLI(LightningCLI):
                                                            self.config.stop_after_minutes, self.config.ddp_timeout)]
         return super().instantiate_trainer(**kwargs)
 
+    def check_batch(self) -> None:
+        """The global batch splits among this run's processes (vit.data.split_batch), or is refused with one line
+        before any process starts."""
+        if isinstance(getattr(self.datamodule, "batch_size", None), int):
+            split_batch(self.datamodule.batch_size, self.trainer.world_size, self.model.mixes_pairs)
+
     def fit(self) -> None:
         ckpt = str(self.resume[0]) if self.resume else None
+        self.check_batch()
         if self.trainer.world_size > 1:
             launch.join_torchrun_group(self.trainer.strategy.root_device.type,
                                        self.config.ddp_timeout + Watchdog.BACKSTOP)

@@ -1,0 +1,57 @@
+"""The global batch on 2 real processes (Lightning's DDP, gloo, CPU): an odd share under Mixup/CutMix is refused
+before any process starts; the out-of-memory line's flags for 2 processes and accumulation train; an image-folder
+batch one process cannot read is skipped by both, which stay in step."""
+
+import re
+import sys
+
+from launch import ROOT, run_together, user_env
+from helpers import load, write_images
+
+TRAIN = [sys.executable, str(ROOT / "scripts" / "train.py")]
+TWO = ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu", "--trainer.logger",
+       "false", "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+TINY_MIXING = ["--config", "vit_cifar10", "--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads",
+               "2", "--trainer.precision", "32-true", "--data.num_workers", "0", "--data.val_size", "100"]
+
+
+def test_the_default_recipe_on_2_processes_refuses_15_per_process_and_trains_the_out_of_memory_advice(
+        tmp_path, fake_cifar_session):
+    data = ["--data.root", str(fake_cifar_session), "--trainer.max_epochs", "1", "--test_after_fit", "false"]
+    (code,), out = run_together([[*TRAIN, *TINY_MIXING, *data, *TWO, "--data.batch_size", "30"]], tmp_path,
+                                user_env(), timeout=120)
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert code == 2 and errors == ["error: --data.batch_size 30 is 15 images per process, an odd number, and "
+                                    "Mixup/CutMix (--model.mixup, --model.cutmix) mixes each process's images in "
+                                    "pairs: use 28 or 32 (a multiple of 4), or turn Mixup and CutMix off"], out[-3000:]
+    assert "Traceback" not in out and "Initializing distributed" not in out  # no process group was made
+    # the out-of-memory line's flags for 64 × 2 on 2 processes (tests/test_batches.py): 32 × 4, 16 per process
+    (code,), out = run_together([[*TRAIN, *TINY_MIXING, *data, *TWO, "--data.batch_size", "32",
+                                  "--trainer.accumulate_grad_batches", "4"]], tmp_path, user_env(), timeout=300)
+    assert code == 0, out[-3000:]
+    assert "global batch 128 = 2 processes × 16" in out
+    (last,) = tmp_path.glob("runs/vit_cifar10/version_*/checkpoints/last.ckpt")
+    assert load(last)["global_step"] == 400 // 128
+
+
+def test_a_batch_one_process_cannot_read_is_skipped_by_both(tmp_path):
+    """Image folders on 2 processes, 72 training images, a global batch of 16 (8 each): 4 optimizer steps an
+    epoch. Rank 1's share of loader batch 1 is damaged after the setup check: both processes skip that step,
+    rank 1 names its files, and the run trains the other 3 steps and ends."""
+    root = tmp_path / "photos"
+    for i, colour in enumerate([(200, 20, 20), (20, 200, 20), (20, 20, 200), (200, 200, 20)]):
+        write_images(root / "train" / f"c{i}", 20, colour, size=24, seed=i)
+    (code,), out = run_together([[*TRAIN, "--config", "smoke", "--data", "vit.data.ImageFolderDataModule",
+                                  "--data.root", str(root), "--data.batch_size", "16", "--data.val_size", "8",
+                                  "--data.num_workers", "0", "--trainer.max_epochs", "1", *TWO,
+                                  "--trainer.callbacks+=callbacks.BreakBatch", "--trainer.callbacks.batch", "1",
+                                  "--trainer.callbacks.rank", "1", "--trainer.callbacks+=callbacks.CountSteps"]],
+                                tmp_path, user_env(), timeout=300)
+    assert code == 0, out[-3000:]
+    (named,) = re.findall(r"warning: process 1: skipped a training batch on every process: none of its images could "
+                          r"be read \((.*)\)", out)
+    assert len(named.split(", ")) == 8, named
+    assert "warning: skipped a training batch on every process: another process could read none of its images" in out
+    run = tmp_path / "runs/smoke/version_0"
+    assert (run / "steps.0").read_text().split() == (run / "steps.1").read_text().split() == ["1", "2", "3"]
+    assert "Traceback" not in out

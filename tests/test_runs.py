@@ -1,0 +1,188 @@
+"""Run folders after a copy (vit.runs, vit.checkpoint_io): `--ckpt_path last` goes by the steps each checkpoint
+records and the newest run by the time each checkpoint records, not by files' modification times, which
+`cp -r` resets; drafts of killed saves are removed when a run starts again; a file system that refuses to
+sync a folder does not fail a save that is in place."""
+
+import errno
+import os
+import shutil
+import stat
+import time
+
+import pytest
+import torch
+
+from helpers import EVERY_STEP, assert_same_training_state, load, train_here
+from vit import runs
+from vit.checkpoint_io import AtomicCheckpointIO, save_atomically
+
+QUIET = ["--trainer.logger", "false", "--test_after_fit", "false"]
+
+
+def write(path, step: int, saved: float | None = None, mtime: float = 0.0, size: int = 10) -> None:
+    """A checkpoint of ``step`` steps saved at ``saved`` (as vit's writer stamps it; None: an older writer's),
+    its file's modification time set to ``mtime`` (a copy's)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ckpt = {"state_dict": {"w": torch.full((size,), float(step))}, "global_step": step}
+    torch.save(ckpt if saved is None else {**ckpt, "saved_at": saved}, path)
+    os.utime(path, (mtime, mtime))
+
+
+def test_each_checkpoint_records_when_it_was_saved(tmp_path):
+    before = time.time()
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {}, "global_step": 3}, tmp_path / "last.ckpt")
+    assert runs.saved_step(tmp_path / "last.ckpt")[0] == 3
+    assert before <= runs.saved_step(tmp_path / "last.ckpt")[1] <= time.time()
+
+
+def test_the_checkpoint_with_the_most_steps_comes_first_whatever_the_files_times(tmp_path):
+    """Modification times reversed (as after a copy in reverse order): the order is by steps; at equal
+    steps step.ckpt and last.ckpt come before the best ones; a file whose step cannot be read comes first, so
+    that the full read names it."""
+    folder = tmp_path / "run" / runs.CHECKPOINTS
+    write(folder / "best-epoch001-acc0.5000.ckpt", 16, saved=300.0, mtime=9000)
+    write(folder / "best-epoch000-acc0.4000.ckpt", 8, saved=100.0, mtime=8000)
+    write(folder / "last.ckpt", 16, saved=200.0, mtime=7000)  # saved before the best one of its epoch
+    write(folder / "step.ckpt", 12, saved=150.0, mtime=6000)
+    assert [p.name for p in runs.checkpoints(tmp_path / "run")] == \
+        ["last.ckpt", "best-epoch001-acc0.5000.ckpt", "step.ckpt", "best-epoch000-acc0.4000.ckpt"]
+    write(folder / "step.ckpt", 20, saved=400.0, mtime=1)
+    (folder / "torn.ckpt").write_bytes((folder / "last.ckpt").read_bytes()[:300])
+    os.utime(folder / "torn.ckpt", (0, 0))
+    assert [p.name for p in runs.checkpoints(tmp_path / "run")][:3] == ["torn.ckpt", "step.ckpt", "last.ckpt"]
+    path, ckpt, skipped = runs.newest_readable(tmp_path / "run")
+    assert path.name == "step.ckpt" and ckpt["global_step"] == 20
+    assert skipped.startswith(f"; skipped {folder / 'torn.ckpt'}: not a readable checkpoint")
+
+
+def test_at_equal_steps_the_later_saved_of_step_and_last_comes_first(tmp_path):
+    folder = tmp_path / "run" / runs.CHECKPOINTS
+    write(folder / "last.ckpt", 8, saved=100.0, mtime=5)
+    write(folder / "step.ckpt", 8, saved=101.0, mtime=1)
+    assert runs.last_checkpoint(tmp_path / "run").name == "step.ckpt"
+    write(folder / "step.ckpt", 8, saved=None, mtime=1)  # an older writer's: last.ckpt first
+    write(folder / "last.ckpt", 8, saved=None, mtime=0)
+    assert runs.last_checkpoint(tmp_path / "run").name == "last.ckpt"
+
+
+def test_the_newest_run_is_the_one_whose_checkpoint_was_saved_last_after_a_copy(tmp_path):
+    """Run a saved its last checkpoint before run b; a copy gave a's files the newer modification times. The
+    newest run is b; a run without the recorded time (an older writer) falls back to the file's time."""
+    write(tmp_path / "a" / runs.CHECKPOINTS / "last.ckpt", 100, saved=1000.0, mtime=5000)
+    write(tmp_path / "b" / runs.CHECKPOINTS / "step.ckpt", 3, saved=2000.0, mtime=4000)
+    write(tmp_path / "b" / runs.CHECKPOINTS / "best-epoch000-acc0.1000.ckpt", 2, saved=1500.0, mtime=4500)
+    (tmp_path / "empty" / runs.CHECKPOINTS).mkdir(parents=True)
+    assert runs.newest_run(tmp_path) == tmp_path / "b"
+    write(tmp_path / "c" / runs.CHECKPOINTS / "last.ckpt", 1, saved=None, mtime=1900)
+    assert runs.newest_run(tmp_path) == tmp_path / "b"
+    write(tmp_path / "c" / runs.CHECKPOINTS / "last.ckpt", 1, saved=None, mtime=2100)
+    assert runs.newest_run(tmp_path) == tmp_path / "c"
+    assert runs.newest_run(tmp_path / "none") is None
+
+
+def test_the_step_is_read_without_reading_the_tensors(tmp_path):
+    """torch.load with mmap: learning a 40 MB checkpoint's step reads a few kB of it (Linux's count of the
+    bytes a process read)."""
+    if not os.path.exists("/proc/self/io"):
+        pytest.skip("needs Linux's /proc/self/io")
+    path = tmp_path / "run" / runs.CHECKPOINTS / "last.ckpt"
+    write(path, 7, saved=5.0, size=10_000_000)
+
+    def bytes_read() -> int:
+        return int(next(line for line in open("/proc/self/io") if line.startswith("rchar:")).split()[1])
+
+    before = bytes_read()
+    assert runs.saved_step(path) == (7, 5.0)
+    assert bytes_read() - before < path.stat().st_size / 100
+
+
+def test_a_file_system_that_cannot_map_files_reads_them_whole(tmp_path, monkeypatch):
+    real_load = torch.load
+
+    def no_mmap(*args, mmap=None, **kwargs):
+        if mmap:
+            raise OSError(errno.ENODEV, "mmap: No such device")
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", no_mmap)
+    folder = tmp_path / "run" / runs.CHECKPOINTS
+    write(folder / "step.ckpt", 12, saved=2.0)
+    write(folder / "best-epoch000-acc0.4000.ckpt", 8, saved=1.0)
+    assert runs.saved_step(folder / "step.ckpt") == (12, 2.0) and runs.last_checkpoint(tmp_path / "run").name == "step.ckpt"
+
+
+@pytest.mark.parametrize("refusal", [errno.EINVAL, errno.ENOTSUP])
+def test_a_folder_sync_the_file_system_refuses_is_no_error(tmp_path, monkeypatch, refusal):
+    real_fsync = os.fsync
+
+    def refuses_folders(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(refusal, os.strerror(refusal))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", refuses_folders)
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    save_atomically({"step": 1}, path)
+    assert load(path) == {"step": 1} and os.listdir(path.parent) == ["last.ckpt"]
+
+    def fails(fd):  # a real failure of the disk is still one
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fails)
+    with pytest.raises(OSError, match="Input/output error") as e:
+        save_atomically({"step": 2}, path)
+    assert e.value.errno == errno.EIO and e.value.filename == str(path.parent)
+
+
+def test_a_copied_run_resumes_from_its_newest_step_and_its_drafts_are_removed(tmp_path, fake_cifar_session, caplog):
+    """A run crashed in epoch 1 (step.ckpt of step 10, last.ckpt and best of step 8) is copied as `cp -r` does
+    (new modification times, here set so that the best checkpoint looks newest and step.ckpt oldest), with the
+    drafts two killed saves left. `--ckpt_path last` resumes the copy from step.ckpt, removes the drafts and
+    nothing else, and ends with the uninterrupted run's weights."""
+    args = ["--trainer.max_epochs", "2", *QUIET, *EVERY_STEP]
+    full, part, home = tmp_path / "full", tmp_path / "part", tmp_path / "home"
+    for folder in (full, part, home):
+        folder.mkdir()
+    assert train_here(full, fake_cifar_session, *args) == 0
+    with pytest.raises(RuntimeError, match="crashed at step 11"):
+        train_here(part, fake_cifar_session, *args, "--trainer.callbacks+=callbacks.CrashAtStep",
+                   "--trainer.callbacks.step", "11", "--trainer.callbacks.kill", "false")
+    shutil.copytree(part / "runs", home / "runs", copy_function=shutil.copyfile)  # no times kept
+    checkpoints = home / "runs/smoke/version_0/checkpoints"
+    (best,) = checkpoints.glob("best-*.ckpt")
+    for age, name in enumerate([best.name, "last.ckpt", "step.ckpt"]):
+        os.utime(checkpoints / name, (2e9 - age * 1e3, 2e9 - age * 1e3))
+    assert load(checkpoints / "step.ckpt")["global_step"] == 10 and load(best)["global_step"] == 8
+    assert load(best)["saved_at"] < load(checkpoints / "step.ckpt")["saved_at"]  # as training stamped them
+    drafts = [f".step.ckpt.{pid}.tmp" for pid in (4242, 4343)]
+    for draft in drafts:
+        shutil.copyfile(checkpoints / "last.ckpt", checkpoints / draft)
+    (checkpoints / "notes.txt").write_text("mine")
+    caplog.clear()
+    assert train_here(home, fake_cifar_session, *args, "--ckpt_path", "last") == 0
+    lines = [r.getMessage() for r in caplog.records]
+    assert "resuming runs/smoke/version_0 (the newest run under runs/smoke) from its step.ckpt" in lines
+    (removed,) = [line for line in lines if line.startswith("removed 2 draft(s)")]
+    assert all(draft in removed for draft in drafts)
+    assert not list(checkpoints.glob(".*")) and (checkpoints / "notes.txt").read_text() == "mine"
+    assert_same_training_state(load(full / "runs/smoke/version_0/checkpoints/last.ckpt"),
+                               load(checkpoints / "last.ckpt"))
+
+
+def test_only_process_zero_removes_drafts(tmp_path, monkeypatch):
+    """The other processes of a launch never touch the folder (they write no checkpoint)."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    checkpoints = tmp_path / "runs" / "x" / runs.CHECKPOINTS
+    write(checkpoints / "last.ckpt", 4, saved=1.0)
+    draft = checkpoints / f".last.ckpt.{os.getpid()}.tmp"
+    draft.write_bytes(b"part")
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    monkeypatch.delenv(runs.ENV, raising=False)
+    runs.open_for_fit(tmp_path / "runs", "last", "x", {}, [])
+    assert draft.is_file()
+    monkeypatch.setattr(rank_zero_only, "rank", 0)
+    runs.open_for_fit(tmp_path / "runs", "last", "x", {}, [])
+    assert not draft.exists()
