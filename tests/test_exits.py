@@ -135,7 +135,8 @@ def test_the_watchdog_gives_slow_work_its_hour_and_every_other_wait_ddp_timeout(
     from vit.guards import Watchdog
 
     dog = Watchdog(8)
-    trainer, module = SimpleNamespace(global_rank=0, world_size=1), SimpleNamespace(train_image_size=16)
+    trainer = SimpleNamespace(global_rank=0, world_size=1, accumulate_grad_batches=1)
+    module = SimpleNamespace(train_image_size=16)
     limit = lambda: dog.clock[1]  # noqa: E731
     batch = lambda n=4, side=32: (torch.zeros(n, 3, side, side), torch.zeros(n, dtype=torch.long))  # noqa: E731
     dog.setup(trainer, module, "fit")
@@ -164,6 +165,13 @@ def test_the_watchdog_gives_slow_work_its_hour_and_every_other_wait_ddp_timeout(
 
         assert torch.compile(lambda x: x * 2, backend=backend)(torch.ones(3)).sum() == 6
         assert seen == [Watchdog.SLOW] and limit() == 8  # slow while it compiled, not after
+        trainer.accumulate_grad_batches = 2  # a new size's first optimizer step (2 batches) is slow, the next not
+        module.train_image_size = 32
+        for first in (True, True, False, False):
+            dog.on_train_batch_start(trainer, module, batch(), 0)
+            assert limit() == (Watchdog.SLOW if first else 8)
+            dog.on_train_batch_end(trainer, module, None, batch(), 0)
+            assert limit() == (Watchdog.SLOW if first and dog.window else 8)
         assert Watchdog(7200).clock[1] == 7200  # a longer --ddp_timeout is longer than SLOW
         long = Watchdog(7200)
         long.alive(slow="a compile")

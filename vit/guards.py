@@ -37,7 +37,8 @@ class Watchdog(L.Callback):
     (torch's own compile callbacks: tracing, the lazily compiled backward, CUDA graph recording); and the
     first batch of each kind (training, validation, test) with inputs of a shape or a training image size
     not seen before, where the model compiles, or recompiles for a resize stage
-    (``model.compile(dynamic=False)``: a graph per shape). Every process sees the same shapes at the same
+    (``model.compile(dynamic=False)``: a graph per shape); in training, the batches of that optimizer step
+    (gradient accumulation's all-reduce is in the last). Every process sees the same shapes at the same
     step, so one that finished compiling and waits in that batch's collectives for another gets the same
     time; that wait is also bounded by the process group's own timeout (``seconds`` + ``BACKSTOP``), which
     ends the run with exit 5 when the processes' compile times differ by more.
@@ -58,17 +59,25 @@ class Watchdog(L.Callback):
         self.stopped: threading.Event | None = None  # (made in setup: a callback stays picklable)
         self.store = None  # the process group's store, under DDP (made in setup)
         self.seen: set = set()  # the kinds and shapes of batches seen (compiled) in this process
+        self.window: tuple[str, int] | None = None  # a first batch's slow work, and the batches it lasts
         self.alive()
 
     def alive(self, *args, slow: str | None = None, **kwargs) -> None:
         """Progress: the clock starts again, with ``SLOW`` seconds while the process does ``slow`` work."""
         self.clock = (time.monotonic(), max(self.seconds, self.SLOW) if slow else self.seconds, slow)
 
-    on_train_batch_end = on_validation_batch_end = on_test_batch_end = alive
+    on_validation_batch_end = on_test_batch_end = alive
     on_fit_start = on_validation_start = on_test_start = alive  # a stage's start is over
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.batch_starts("training", batch, getattr(pl_module, "train_image_size", None))
+        self.batch_starts("training", batch, getattr(pl_module, "train_image_size", None),
+                          trainer.accumulate_grad_batches)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        # a first training batch's time lasts to its optimizer step: with gradient accumulation the processes
+        # wait for each other's compile in the all-reduce of the window's last batch
+        self.window = (self.window[0], self.window[1] - 1) if self.window and self.window[1] > 1 else None
+        self.alive(slow=self.window and self.window[0])
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
         self.batch_starts("validation", batch)
@@ -76,13 +85,16 @@ class Watchdog(L.Callback):
     def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
         self.batch_starts("test", batch)
 
-    def batch_starts(self, kind: str, batch, image_size: int | None = None) -> None:
+    def batch_starts(self, kind: str, batch, image_size: int | None = None, batches_per_step: int = 1) -> None:
         parts = batch if isinstance(batch, (list, tuple)) else [batch]  # (images, labels): this project's batches
         key = (kind, tuple((tuple(t.shape), t.dtype) for t in parts if isinstance(t, torch.Tensor)), image_size)
-        first = key not in self.seen
-        self.seen.add(key)
         at = f" at {image_size} px" if image_size else ""
-        self.alive(slow=f"its first {kind} batch of this shape{at} (where torch.compile compiles)" if first else None)
+        slow = None if key in self.seen else f"its first {kind} batch of this shape{at} (where torch.compile compiles)"
+        self.seen.add(key)
+        if kind == "training":  # (an evaluation batch's time ends with it)
+            self.window = (slow, batches_per_step) if slow else self.window
+            slow = self.window and self.window[0]
+        self.alive(slow=slow)
 
     def compiles(self, args) -> None:  # torch.compile starts compiling, in this thread
         self.before = self.clock[2]
