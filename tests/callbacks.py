@@ -41,16 +41,26 @@ class SlowSteps(L.Callback):
 
 
 class StallRank(L.Callback):
-    """Rank ``rank`` stops answering for ``seconds`` after epoch 0, as a stuck or desynchronised process."""
+    """Rank ``rank`` stops answering for ``seconds``, as a stuck or desynchronised process: after epoch 0, or
+    (``in_validation``) after its second validation batch in epoch 0, while the others go on to the
+    validation's end and wait there for it in a collective."""
 
-    def __init__(self, rank: int = 1, seconds: float = 25):
-        self.rank, self.seconds = rank, seconds
+    def __init__(self, rank: int = 1, seconds: float = 25, in_validation: bool = False):
+        self.rank, self.seconds, self.in_validation = rank, seconds, in_validation
 
-    def on_train_epoch_end(self, trainer, pl_module):
-        if trainer.global_rank == self.rank and trainer.current_epoch == 0:
+    def stall(self, trainer) -> None:
+        if trainer.global_rank == self.rank and trainer.current_epoch == 0 and not trainer.sanity_checking:
             import time
 
             time.sleep(self.seconds)
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if not self.in_validation:
+            self.stall(trainer)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if self.in_validation and batch_idx == 1:
+            self.stall(trainer)
 
 
 class StopDataWorkers(L.Callback):
@@ -71,14 +81,14 @@ class StopDataWorkers(L.Callback):
 
 
 class RaiseMidTraining(L.Callback):
-    """A user's callback with a bug: raises ``error`` (a built-in exception type's name) at step 2."""
+    """A user's callback with a bug: raises ``error`` (a built-in exception type's name) with ``message`` at step 2."""
 
-    def __init__(self, error: str = "ValueError"):
-        self.error = error
+    def __init__(self, error: str = "ValueError", message: str = "a bug in the user's callback"):
+        self.error, self.message = error, message
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step == 2:
-            raise getattr(__import__("builtins"), self.error)("a bug in the user's callback")
+            raise getattr(__import__("builtins"), self.error)(self.message)
 
 
 class CrashAtStep(L.Callback):
@@ -161,17 +171,27 @@ class FillDisk(L.Callback):
 
 
 class RaiseAtStep(L.Callback):
-    """What the environment raises in the middle of a run, at step ``step``: torch's out-of-memory error, or
-    NCCL's watchdog timeout as it reaches the main thread (TORCH_NCCL_ASYNC_ERROR_HANDLING=2)."""
+    """What the environment raises in the middle of a run, at step ``step``: torch's out-of-memory error, a bad
+    input (DatasetError), or NCCL's watchdog timeout as it reaches the main thread (TORCH_NCCL_ASYNC_ERROR_HANDLING=2). Under DDP,
+    only on the process of rank ``rank`` (None: every one), which first writes the time into
+    ``<run>/raised.<rank>``."""
 
-    def __init__(self, error: str = "oom", step: int = 2):
-        self.error, self.step = error, step
+    def __init__(self, error: str = "oom", step: int = 2, rank: int | None = None):
+        self.error, self.step, self.rank = error, step, rank
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        import time
+        from pathlib import Path
+
         import torch
 
-        if trainer.global_step != self.step:
+        if trainer.global_step != self.step or self.rank not in (None, trainer.global_rank):
             return
+        (Path(trainer.default_root_dir) / f"raised.{trainer.global_rank}").write_text(f"{time.time()}\n")
+        if self.error == "dataset":  # a bad input that only this process read
+            from vit.exits import DatasetError
+
+            raise DatasetError("data/cifar-10-batches-py/data_batch_3 is truncated: re-download CIFAR-10")
         if self.error == "oom":
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
                                          "capacity of 79.19 GiB of which 1.02 GiB is free.")

@@ -121,3 +121,110 @@ def test_a_bad_value_is_still_exit_2_with_one_line(tmp_path, capsys, monkeypatch
     assert [line for line in err.splitlines() if line.startswith("error:")] == [
         'error: Parser key "model.lr": Not of type PositiveFloat: -1 does not conform to restriction v>0']
     assert "Traceback" not in err
+
+
+def test_the_watchdog_gives_slow_work_its_hour_and_every_other_wait_ddp_timeout():
+    """The watchdog's clock through a run's hooks, as Lightning calls them: a stage's start (the model's setup,
+    pretrained weights, a checkpoint's restore), the first batch of each kind and shape (a new training image
+    size: a resize stage's recompile; evaluation; a last, smaller batch) and a torch.compile compile wherever it
+    happens get Watchdog.SLOW; the rest, and the waits between batches, --ddp_timeout."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from vit.guards import Watchdog
+
+    dog = Watchdog(8)
+    trainer = SimpleNamespace(global_rank=0, world_size=1, accumulate_grad_batches=1)
+    module = SimpleNamespace(train_image_size=16)
+    limit = lambda: dog.clock[1]  # noqa: E731
+    batch = lambda n=4, side=32: (torch.zeros(n, 3, side, side), torch.zeros(n, dtype=torch.long))  # noqa: E731
+    dog.setup(trainer, module, "fit")
+    try:
+        assert limit() == Watchdog.SLOW == 3600 and dog.clock[2].startswith("its start")
+        dog.on_fit_start(trainer, module)
+        assert limit() == 8
+        for size, first in ((16, True), (16, False), (24, True), (24, False)):
+            module.train_image_size = size
+            dog.on_train_batch_start(trainer, module, batch(), 0)
+            assert limit() == (Watchdog.SLOW if first else 8), (size, first)
+            if first:
+                assert dog.clock[2] == f"its first training batch of this shape at {size} px (where torch.compile " \
+                                       f"compiles)"
+            dog.on_train_batch_end(trainer, module, None, batch(), 0)
+            assert limit() == 8
+        for n, first in ((4, True), (4, False), (1, True)):
+            dog.on_validation_batch_start(trainer, module, batch(n), 0)
+            assert limit() == (Watchdog.SLOW if first else 8)
+            dog.on_validation_batch_end(trainer, module, None, batch(n), 0)
+        seen = []  # a compile anywhere (here: a callback's), as torch's compile callbacks report it
+
+        def backend(graph, inputs):
+            seen.append(limit())
+            return graph.forward
+
+        assert torch.compile(lambda x: x * 2, backend=backend)(torch.ones(3)).sum() == 6
+        assert seen == [Watchdog.SLOW] and limit() == 8  # slow while it compiled, not after
+        trainer.accumulate_grad_batches = 2  # a new size's first optimizer step (2 batches) is slow, the next not
+        module.train_image_size = 32
+        for first in (True, True, False, False):
+            dog.on_train_batch_start(trainer, module, batch(), 0)
+            assert limit() == (Watchdog.SLOW if first else 8)
+            dog.on_train_batch_end(trainer, module, None, batch(), 0)
+            assert limit() == (Watchdog.SLOW if first and dog.window else 8)
+        assert Watchdog(7200).clock[1] == 7200  # a longer --ddp_timeout is longer than SLOW
+        long = Watchdog(7200)
+        long.alive(slow="a compile")
+        assert long.clock[1] == 7200
+    finally:
+        dog.teardown(trainer, module)
+
+
+@pytest.mark.long
+def test_a_cold_compile_is_not_a_hang_whatever_ddp_timeout_is(tmp_path, fake_cifar_session):
+    """vit_cifar10_fast as a user runs it (bf16, torch.compile, 16/24/32-px stages: a graph per size, and one
+    for evaluation), from a compile cache of its own (cold), with --ddp_timeout 8: each first batch compiles
+    for far longer than 8 s on a CPU, and the run ends as usual (exit 0)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    env = {k: v for k, v in os.environ.items() if k not in ("WANDB_API_KEY", "WANDB_MODE")}
+    env.update(WANDB_SILENT="true", PYTHONUNBUFFERED="1", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--config", "vit_cifar10_fast",
+                           "--model.arch.dim", "16", "--model.arch.depth", "2", "--model.arch.heads", "2",
+                           "--trainer.accelerator", "cpu", "--data.root", str(fake_cifar_session), "--data.val_size",
+                           "100", "--data.num_workers", "0", "--data.batch_size", "50", "--trainer.max_epochs", "1",
+                           "--ddp_timeout", "8"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "step 4: training on 32-px images" in proc.stderr + proc.stdout
+    record = json.loads((tmp_path / "runs" / "vit_cifar10_fast" / "version_0" / "results.json").read_text())
+    print(f"first batches (the compiles): {record['first_batches_seconds']} s")
+    assert record["first_batches_seconds"] > 8  # the compiles did outlast --ddp_timeout
+
+
+def test_slow_work_that_outlasts_its_time_is_stuck_too():
+    """Slow work is bounded: past Watchdog.SLOW (2 s here), a process still in its start says so, with where each
+    of its threads is, and exits 5 (the watchdog's own thread, while the main thread sleeps)."""
+    import subprocess
+    import sys
+
+    script = """
+import time
+from types import SimpleNamespace
+from vit.guards import Watchdog
+Watchdog.SLOW = 2.0
+dog = Watchdog(1)
+dog.setup(SimpleNamespace(global_rank=0, world_size=1), None, "fit")
+time.sleep(30)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 5, proc.stderr[-2000:]
+    (line,) = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert line.startswith("error: process 0: its start (the model's setup and weights, a checkpoint's restore) took "
+                           "over 2 s: it is stuck"), line
+    assert "allow slower steps with a --ddp_timeout over 2." in line
+    assert 'File "<string>", line 8 in <module>' in proc.stderr  # the main thread's sleep

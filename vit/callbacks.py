@@ -175,7 +175,8 @@ class WandbRollout(L.Callback):
 
         val_set = trainer.datamodule.val_set
         images = torch.stack([val_set[i][0] for i in range(min(self.num_images, len(val_set)))])
-        probs, rollout = explain(pl_module.eval_model, pl_module.normalize(images.to(pl_module.device)))
+        with torch.compiler.set_stance("force_eager"):  # a few images: no compile for them (rank 0 alone)
+            probs, rollout = explain(pl_module.eval_model, pl_module.normalize(images.to(pl_module.device)))
         names = pl_module.class_names
         pictures = [overlay(img, upsample(r.cpu(), *img.shape[-2:])) for img, r in zip(images, rollout)]
         captions = [f"{names[p.argmax()]} ({p.max():.2f})" for p in probs.cpu()]

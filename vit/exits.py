@@ -85,8 +85,10 @@ EXITS = (
                      "from there), or `--stop_after_minutes` (continue with `--ckpt_path last`)", "yes"),
     Exit(5, LostProcesses, "a process is stuck or the processes of a multi-process run lost each other: one "
                            "started or finished no batch for `--ddp_timeout` seconds (waiting for its data, or "
-                           "for the others in a collective: it prints where each of its threads is), or one died "
-                           "(under gloo or NCCL): one line from each process", "yes"),
+                           "for the others in a collective: it prints where each of its threads is; a start and "
+                           "a first batch of each image size, where torch.compile compiles, get an hour), or one "
+                           "died (under gloo or NCCL): one line from each process. Where one process fails for "
+                           "another cause, the others end with its status and a line that names it", "yes"),
     Exit(6, StorageFull, "the disk is full or the quota exceeded: one line names the path, the run's last good "
                          "checkpoint and the command that resumes; no checkpoint is torn (each is written whole "
                          "or not at all)", "yes, once space is freed"),

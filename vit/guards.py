@@ -29,46 +29,179 @@ class Watchdog(L.Callback):
     clock starts before theirs: the others go on until they wait for it; the collectives' own timeout is
     a backstop ``BACKSTOP`` seconds later). Watches from ``setup`` to ``teardown`` of each stage (or an
     exception's end of it), in a thread of its own; the waits it is for (a queue, a socket, a collective)
-    release the GIL, so the thread runs while the main thread is stuck."""
+    release the GIL, so the thread runs while the main thread is stuck.
+
+    Slow work is not a hang, and gets ``SLOW`` seconds (or ``seconds``, if longer), whatever ``seconds`` is:
+    a stage's start, up to ``on_fit_start`` / ``on_test_start`` (the model's setup, which loads pretrained
+    weights, and the restore of a checkpoint); every torch.compile compile of this process, wherever it is
+    (torch's own compile callbacks: tracing, the lazily compiled backward, CUDA graph recording); and the
+    first batch of each kind (training, validation, test) with inputs of a shape or a training image size
+    not seen before, where the model compiles, or recompiles for a resize stage
+    (``model.compile(dynamic=False)``: a graph per shape); in training, the batches of that optimizer step
+    (gradient accumulation's all-reduce is in the last). Every process sees the same shapes at the same
+    step, so one that finished compiling and waits in that batch's collectives for another gets the same
+    time; that wait is also bounded by the process group's own timeout (``seconds`` + ``BACKSTOP``), which
+    ends the run with exit 5 when the processes' compile times differ by more.
+
+    Under DDP it also tells the others why a process ended: a process that fails for a known cause (vit.exits:
+    statuses 2, 3, 4, 6, 7) writes its status and one line into the process group's store (``tell_others``);
+    the others' ``listen`` threads read it within ``POLL`` seconds and end with the same status and a line
+    that names that process and its reason, instead of waiting out their collectives' timeout."""
 
     BACKSTOP = 60.0
+    SLOW = 3600.0  # a compile, a stage's start
+    POLL = 1.0  # how often the others' store is read
+    GRACE = 3.0  # a process that fails with the others, for the same cause, ends by itself meanwhile
+    ACKS = 10.0  # how long a failing process waits for the others to read its reason (rank 0 hosts the store)
 
     def __init__(self, seconds: float):
         self.seconds = seconds
         self.stopped: threading.Event | None = None  # (made in setup: a callback stays picklable)
+        self.store = None  # the process group's store, under DDP (made in setup)
+        self.seen: set = set()  # the kinds and shapes of batches seen (compiled) in this process
+        self.window: tuple[str, int] | None = None  # a first batch's slow work, and the batches it lasts
         self.alive()
 
-    def alive(self, *args, **kwargs) -> None:
-        self.last = time.monotonic()
+    def alive(self, *args, slow: str | None = None, **kwargs) -> None:
+        """Progress: the clock starts again, with ``SLOW`` seconds while the process does ``slow`` work."""
+        self.clock = (time.monotonic(), max(self.seconds, self.SLOW) if slow else self.seconds, slow)
 
-    on_train_batch_start = on_train_batch_end = alive
-    on_validation_batch_start = on_validation_batch_end = alive
-    on_test_batch_start = on_test_batch_end = alive
+    on_validation_batch_end = on_test_batch_end = alive
+    on_fit_start = on_validation_start = on_test_start = alive  # a stage's start is over
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.batch_starts("training", batch, getattr(pl_module, "train_image_size", None),
+                          trainer.accumulate_grad_batches)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        # a first training batch's time lasts to its optimizer step: with gradient accumulation the processes
+        # wait for each other's compile in the all-reduce of the window's last batch
+        self.window = (self.window[0], self.window[1] - 1) if self.window and self.window[1] > 1 else None
+        self.alive(slow=self.window and self.window[0])
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self.batch_starts("validation", batch)
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self.batch_starts("test", batch)
+
+    def batch_starts(self, kind: str, batch, image_size: int | None = None, batches_per_step: int = 1) -> None:
+        parts = batch if isinstance(batch, (list, tuple)) else [batch]  # (images, labels): this project's batches
+        key = (kind, tuple((tuple(t.shape), t.dtype) for t in parts if isinstance(t, torch.Tensor)), image_size)
+        at = f" at {image_size} px" if image_size else ""
+        slow = None if key in self.seen else f"its first {kind} batch of this shape{at} (where torch.compile compiles)"
+        self.seen.add(key)
+        if kind == "training":  # (an evaluation batch's time ends with it)
+            self.window = (slow, batches_per_step) if slow else self.window
+            slow = self.window and self.window[0]
+        self.alive(slow=slow)
+
+    def compiles(self, args) -> None:  # torch.compile starts compiling, in this thread
+        self.before = self.clock[2]
+        self.alive(slow="a torch.compile compile")
+
+    def compiled(self, args) -> None:  # and ends: the batch's own time again (a first batch: slow still)
+        self.alive(slow=self.before)
 
     def setup(self, trainer, pl_module, stage):
-        self.alive()
-        self.rank, self.stopped = trainer.global_rank, threading.Event()
+        self.alive(slow="its start (the model's setup and weights, a checkpoint's restore)")
+        self.rank, self.world, self.stopped = trainer.global_rank, trainer.world_size, threading.Event()
+        self.before = None
+        torch._dynamo.callback_handler.register_start_callback(self.compiles)
+        torch._dynamo.callback_handler.register_end_callback(self.compiled)
         threading.Thread(target=self.watch, args=(self.stopped,), name="vit-watchdog", daemon=True).start()
+        if self.store is None and trainer.world_size > 1:
+            self.store = peers_store()
+        if self.store is not None:
+            threading.Thread(target=self.listen, args=(self.stopped,), name="vit-peers", daemon=True).start()
 
     def teardown(self, trainer, pl_module, stage=None):
         if self.stopped is not None:
             self.stopped.set()
+        handler = torch._dynamo.callback_handler
+        if self.compiles in handler.start_callbacks:
+            handler.remove_start_callback(self.compiles)
+            handler.remove_end_callback(self.compiled)
 
     def on_exception(self, trainer, pl_module, exception):  # (Lightning calls no teardown then)
         self.teardown(trainer, pl_module)
 
     def watch(self, stopped: threading.Event) -> None:
-        while (left := self.last + self.seconds - time.monotonic()) > 0:
-            if stopped.wait(left):
+        while (left := (clock := self.clock)[0] + clock[1] - time.monotonic()) > 0:
+            if stopped.wait(min(left, self.POLL)):  # (a slow period's end shortens the limit)
                 return
+        _, limit, slow = clock
+        what = f"{slow} took over {limit:g} s" if slow else f"no batch started or finished in {limit:g} s"
+        allow = f"a --ddp_timeout over {limit:g}" if slow else "--ddp_timeout"
         stream = sys.__stderr__
-        print(f"error: process {self.rank}: no batch started or finished in {self.seconds:g} s: it is stuck, or "
-              f"waits in a collective for a process that is (that one says where it is). Where each of its "
-              f"threads is follows. Resume with --ckpt_path last; allow slower steps with --ddp_timeout.",
-              file=stream, flush=True)
+        print(f"error: process {self.rank}: {what}: it is stuck, or waits in a collective for a process that is "
+              f"(that one says where it is). Where each of its threads is follows. Resume with --ckpt_path last; "
+              f"allow slower steps with {allow}.", file=stream, flush=True)
         faulthandler.dump_traceback(file=stream, all_threads=True)
         stream.flush()
         os._exit(status_of(LostProcesses()))
+
+    def listen(self, stopped: threading.Event) -> None:
+        """Under DDP: end this process, with the same status, when another says that it failed."""
+        from torch.distributed import DistError
+
+        while not stopped.wait(self.POLL):
+            try:
+                if not self.store.check([FAILED]):
+                    continue
+                status, rank, line = self.store.get(FAILED).decode().split("\t", 2)
+            except DistError:  # the store's host (rank 0) is gone: the collectives say so
+                return
+            if int(rank) == self.rank or stopped.wait(self.GRACE):  # (this process ends by itself)
+                return
+            try:
+                self.store.add(READ, 1)
+            except DistError:
+                pass
+            print(f"error: process {self.rank}: process {rank} failed, and this one stopped with it instead of "
+                  f"waiting for it: {line}", file=sys.__stderr__, flush=True)
+            os._exit(int(status))
+
+    def tell_others(self, status: int, line: str) -> None:
+        """This process fails with ``status`` (a known cause, one line): the others end with it (``listen``).
+        The first to fail says it; this one waits up to ``ACKS`` seconds for the others to read it."""
+        import torch.distributed as dist
+        from torch.distributed import DistError
+
+        if self.store is None or not dist.is_initialized():  # (rank 0 tests alone after fit: the others are gone)
+            return
+        said = f"{status}\t{self.rank}\t{' '.join(line.split())}"
+        try:
+            if self.store.compare_set(FAILED, "", said).decode() != said:  # another process said it first
+                self.store.add(READ, 1)
+                return
+            deadline = time.monotonic() + self.ACKS
+            while self.store.add(READ, 0) < self.world - 1 and time.monotonic() < deadline:
+                time.sleep(0.1)
+        except DistError:  # the store's host is gone
+            pass
+
+
+def peers_store():
+    """A client of the store the process group was made with (its host: MASTER_ADDR, MASTER_PORT, as every
+    launcher sets them), for what the processes tell each other outside collectives (Watchdog); None without
+    a process group. Keys are per torchrun attempt (its agent's store outlives an attempt)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    env = os.environ
+    if not (dist.is_available() and dist.is_initialized()) or "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+        return None
+    try:
+        store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
+                              timeout=timedelta(seconds=30))
+    except dist.DistError:
+        return None
+    return dist.PrefixStore(f"vit/peers/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
+FAILED, READ = "failed", "read"  # the first failure (status, rank, line); how many processes read it
 
 
 class StopOnNonFinite(L.Callback):

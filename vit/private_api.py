@@ -35,6 +35,10 @@ PRIVATE_USES = (
     ("vit/optim.py", "timm.optim.muon.zeropower_via_newtonschulz", "Muon's Newton–Schulz iteration in float32 on a "
      "CPU (bfloat16 is emulated there, and slow): timm's Muon calls this module function with its bfloat16 default "
      "and no argument of Muon passes a dtype, so its step swaps the module's function for one with the dtype given"),
+    ("vit/guards.py", "torch._dynamo.callback_handler", "the watchdog gives torch.compile's compiles their time "
+     "wherever they happen (a first batch, a resize stage, a callback's forward, the lazily compiled backward): "
+     "torch calls these start and end callbacks around each compile, and no public torch.compiler API tells "
+     "another thread that this one compiles (torch.compiler.is_compiling answers only inside the traced code)"),
     ("vit/loggers.py", "wandb.sdk.lib.wbauth.read_netrc_auth", "whether wandb will find a key in the netrc file for "
      "the server it logs to (a self-hosted one's host:port, or the host behind W&B's default URL): wandb's own "
      "reader, as wandb.init uses it, where wandb has one (older versions read the file with requests' public "

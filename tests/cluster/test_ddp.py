@@ -1,7 +1,9 @@
 """Several processes without a scheduler: Lightning's DDP with the settings a user gets (progress bar on,
 in a terminal; W&B on), a process that stops answering, and torchrun across two "nodes" on 127.0.0.1."""
 
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -92,6 +94,136 @@ def test_a_stuck_process_ends_the_run_with_a_message_not_a_hang(tmp_path, fake_c
     assert "error: process 0: no batch started or finished in 15 s" in out or \
         "error: process 0: lost the other processes of this run" in out, out[-3000:]
     assert seconds < 60
+
+
+def run_rank_zero(cmd: list[str], cwd: Path, timeout: float, until: str | None = None) -> tuple[int, str, float]:
+    """Lightning's DDP from one command (rank 0 starts rank 1): rank 0's exit status, the output of both
+    (once ``until`` is in it too, or 30 s after rank 0 ended), and when rank 0 ended (time.time())."""
+    log = cwd / "out.txt"
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=user_env(), stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"rank 0 still running after {timeout} s:\n{log.read_text()[-3000:]}")
+        ended = time.time()
+        deadline = time.monotonic() + 30
+        while until and until not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(1)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # rank 1, if it is still there
+        except ProcessLookupError:
+            pass
+    return code, log.read_text(), ended
+
+
+DDP = ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu", "--trainer.logger", "false",
+       "--trainer.enable_progress_bar", "false"]
+
+
+def test_a_collective_stuck_in_validation_ends_the_run_with_exit_5(tmp_path, fake_cifar_session):
+    """Rank 1 stops answering after its second validation batch (it sleeps 40 s) while rank 0 finishes its
+    validation and waits for it in the validation's collectives. The watchdog spares slow work, not this:
+    with --ddp_timeout 15, rank 1 says where it is stuck and both exit 5, long before rank 1 would wake."""
+    cmd = [sys.executable, *TRAIN, "--data.root", str(fake_cifar_session), *DDP, "--trainer.max_epochs", "2",
+           "--ddp_timeout", "15", "--trainer.callbacks+=callbacks.StallRank", "--trainer.callbacks.seconds", "40",
+           "--trainer.callbacks.in_validation", "true"]
+    start = time.time()
+    code, out, ended = run_rank_zero(cmd, tmp_path, timeout=150, until="error: process 1:")
+    print(f"rank 0 ended after {ended - start:.1f} s with exit {code}")
+    assert code == 5, out[-3000:]
+    assert "error: process 1: no batch started or finished in 15 s: it is stuck" in out, out[-3000:]
+    assert re.search(r'tests/callbacks\.py", line \d+ in stall', out), out[-3000:]
+    assert "error: process 0: no batch started or finished in 15 s" in out or \
+        "error: process 0: lost the other processes of this run" in out, out[-3000:]
+
+
+def test_a_bug_whose_words_say_timed_out_is_exit_1_with_its_traceback_under_ddp(tmp_path, fake_cifar_session):
+    """A user's callback raises RuntimeError("timed out") on both processes under DDP: a bug, whatever its
+    words (only torch.distributed's errors and gloo's own become exit 5): exit 1 with the traceback, no
+    error line."""
+    cmd = [sys.executable, *TRAIN, "--data.root", str(fake_cifar_session), *DDP, "--trainer.max_epochs", "1",
+           "--ddp_timeout", "120", "--trainer.callbacks+=callbacks.RaiseMidTraining",
+           "--trainer.callbacks.error", "RuntimeError", "--trainer.callbacks.message", "timed out"]
+    code, out, _ = run_rank_zero(cmd, tmp_path, timeout=200)
+    assert code == 1, out[-3000:]
+    assert "Traceback (most recent call last)" in out and "RuntimeError: timed out" in out, out[-3000:]
+    assert re.search(r"callbacks\.py\", line \d+, in on_train_batch_end", out)
+    assert not [line for line in out.splitlines() if line.startswith("error:")], out[-3000:]
+
+
+@pytest.mark.parametrize("error, failing, status, reason", [
+    ("oom", 1, 7, "the accelerator ran out of memory"),
+    ("oom", 0, 7, "the accelerator ran out of memory"),
+    ("dataset", 1, 2, "data/cifar-10-batches-py/data_batch_3 is truncated: re-download CIFAR-10"),
+])
+def test_a_process_that_fails_for_a_known_cause_ends_the_others_with_its_line(tmp_path, fake_cifar_session, error,
+                                                                              failing, status, reason):
+    """One process fails at step 2 — out of device memory (torch's error, raised on CPU), or a bad input only it
+    read — while the other goes on into step 3's gradient all-reduce and waits there. With --ddp_timeout 300,
+    the other ends within 30 s of that error, not 300 s: with the same exit status and a line that names the
+    failed process and its reason. Rank 1 failing, and rank 0, whose process hosts the process group's store."""
+    other = 1 - failing
+    cmd = [sys.executable, *TRAIN, "--data.root", str(fake_cifar_session), *DDP, "--trainer.max_epochs", "2",
+           "--ddp_timeout", "300", "--trainer.callbacks+=callbacks.RaiseAtStep", "--trainer.callbacks.error", error,
+           "--trainer.callbacks.rank", str(failing)]
+    told = f"error: process {other}: process {failing} failed, and this one stopped with it instead of waiting " \
+           f"for it: {reason}"
+    code, out, ended = run_rank_zero(cmd, tmp_path, timeout=400, until=told if other else f"error: {reason}")
+    raised = float((tmp_path / "runs" / "smoke" / "version_0" / f"raised.{failing}").read_text())
+    print(f"rank 0 ended {ended - raised:.1f} s after rank {failing}'s error")
+    assert code == status, out[-3000:]
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert any(line.startswith(told) for line in errors), out[-3000:]  # (rank 1's: within 30 s of rank 0's end)
+    # the failed process's own line too, except for a bad input, which every process would say alike (rank 0
+    # alone says it: here, for rank 1)
+    own = [line for line in errors if line.startswith(f"error: {reason}")]
+    assert len(own) == (0 if status == 2 else 1), out[-3000:]
+    assert "Traceback" not in out
+    assert ended - raised < 30
+
+
+GLOO_PAIR = """
+import datetime, os, sys, time
+import torch, torch.distributed as dist
+from vit.commands.train import lost_contact
+rank, how = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=5))
+dist.all_reduce(torch.ones(1))
+if rank == 1:
+    time.sleep(1 if how == "dies" else 20)
+    os._exit(0)
+try:
+    dist.all_reduce(torch.ones(1))
+except RuntimeError as e:
+    print(f"{how}: {lost_contact(e)}: {e}", flush=True)
+os._exit(0)
+"""
+
+
+def test_gloos_own_errors_are_lost_contact_and_a_bugs_words_are_not(tmp_path):
+    """The errors gloo itself raises in torch 2.14 (plain RuntimeErrors) when a peer dies mid-collective and when
+    a collective times out are lost contact (exit 5); torch.distributed's error types are; a RuntimeError of
+    anyone else's is not, whatever its words."""
+    import torch.distributed as dist
+
+    from vit.commands.train import lost_contact
+
+    for how in ("dies", "times out"):
+        env = user_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        ranks = [subprocess.Popen([sys.executable, "-c", GLOO_PAIR, str(rank), how], env=env, cwd=tmp_path,
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for rank in (0, 1)]
+        out = ranks[0].communicate(timeout=60)[0]
+        ranks[1].kill()
+        assert out.startswith(f"{how}: True: ["), out
+        print(out.strip())
+    for error in (dist.DistBackendError, dist.DistNetworkError, dist.DistStoreError):
+        assert lost_contact(error("x"))
+    for words in ("timed out", "Connection reset by peer", "connection closed by peer", "Broken pipe",
+                  "[x] Timed out waiting 5000ms for recv operation to complete"):
+        assert not lost_contact(RuntimeError(words))
 
 
 def free_port() -> int:

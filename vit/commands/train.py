@@ -78,7 +78,10 @@ def add_run_options(parser) -> None:
                         help="seconds a process may go without starting or finishing a batch (waiting for its "
                              "data, or for the other processes in a collective) before it prints where each of "
                              "its threads is and the run ends with exit 5 (a stuck, dead or desynchronised "
-                             "process); also the bound on the processes' start")
+                             "process); a start (loading weights) and the first batch of each image size "
+                             "(torch.compile) get an hour, or this if longer; this + 60 s bounds the processes' "
+                             "start and how long they wait for each other in a collective (another's longer "
+                             "compile)")
     parser.add_argument("--stop_after_minutes", type=Optional[PositiveFloat], default=None,
                         help="end this command in time for a wall-clock limit on it: at the end of the last "
                              "epoch that fits (exit 4); --ckpt_path last continues the run exactly")
@@ -211,6 +214,7 @@ def test_on_one_process(trainer: L.Trainer, model, datamodule, ckpt: str | None)
     import torch
 
     if trainer.world_size > 1:
+        torch.distributed.barrier()  # every process's fit has ended: none reads the group's store any more (Watchdog)
         if not trainer.is_global_zero:
             return None
         torch.distributed.destroy_process_group()
@@ -246,16 +250,18 @@ def first_line(e: BaseException) -> str:
     return next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
 
 
+GLOO_ERROR = re.compile(r"\[[^\]\s]*\bgloo/[^\]\s]+:\d+\] ")  # gloo's errors start with their source line
+
+
 def lost_contact(e: RuntimeError) -> bool:
-    """A rendezvous or collective that timed out, or whose peer went away: torch's DistError, or, once the
-    process group exists, gloo's and NCCL's own words for it."""
+    """A rendezvous or collective that timed out, or whose peer went away: torch's DistError (its stores',
+    NCCL's and its sockets' errors), or gloo's own error, which torch 2.14 raises as a plain RuntimeError
+    whose text starts with the place in gloo's source that raised it ("[.../gloo/transport/tcp/pair.cc:561]
+    Connection closed by peer ...", "[.../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting ...").
+    Any other RuntimeError, whatever its words, is a bug: exit 1 with its traceback."""
     import torch.distributed as dist
 
-    if isinstance(e, dist.DistError):
-        return True
-    text = str(e).lower()
-    return dist.is_initialized() and any(w in text for w in ("timed out", "connection closed by peer",
-                                                             "connection reset by peer", "broken pipe"))
+    return isinstance(e, dist.DistError) or GLOO_ERROR.match(str(e)) is not None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,6 +315,10 @@ def main(argv: list[str] | None = None) -> int:
     alike = code in [exits.status_of(e()) for e in (exits.BadInput, exits.TrainingDiverged, exits.Stopped)]
     if rank_zero_only.rank == 0 or not alike:
         print(f"{'stopped' if code == exits.status_of(exits.Stopped()) else 'error'}: {message}", file=sys.stderr)
+    watchdog = next((c for c in getattr(getattr(cli, "trainer", None), "callbacks", []) if isinstance(c, Watchdog)),
+                    None)
+    if watchdog is not None:  # under DDP, the others end with it, with this line (rank 1's bad input too)
+        watchdog.tell_others(code, message)
     for run in claimed:
         if run.is_dir() and {p.name for p in run.iterdir()} <= {runs.WANDB_ID}:
             shutil.rmtree(run)  # a run that never started leaves no folder behind (its W&B id unused)
