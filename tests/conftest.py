@@ -2,7 +2,8 @@
 
 from pathlib import Path
 
-import pytest
+import lightning.pytorch  # noqa: F401 - imported once here, so that the stderr handler Lightning adds at its first
+import pytest  # import is the session's, not that of the first test that captures stderr (closed after that test)
 
 from helpers import make_fake_cifar
 
@@ -18,6 +19,14 @@ def same_torch_threads():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def own_wandb_service(monkeypatch):
+    """A W&B run started in this process (a command's main() with W&B on) leaves its service's address in
+    WANDB_SERVICE, which every later command started as a subprocess would inherit and use: each test starts
+    without it, and it is gone again after the test."""
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)
 
 
 @pytest.fixture

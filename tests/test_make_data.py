@@ -7,6 +7,7 @@ import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import hashlib
+import os
 import subprocess
 import sys
 import tarfile
@@ -19,6 +20,16 @@ from helpers import make_fake_cifar
 ROOT = Path(__file__).resolve().parents[1]
 
 
+class QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # (the server's lines would mix with the command's stderr in this process)
+        pass
+
+
+class QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):  # a download given up mid-way breaks the pipe: no matter
+        pass
+
+
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory) -> tuple[str, str]:
     """The URL of a cifar-10-python.tar.gz laid out as the official one (cifar-10-batches-py/ inside), and
@@ -28,8 +39,8 @@ def archive(tmp_path_factory) -> tuple[str, str]:
     path = tmp / "cifar-10-python.tar.gz"
     with tarfile.open(path, "w:gz") as tar:
         tar.add(data / "cifar-10-batches-py", arcname="cifar-10-batches-py")
-    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(tmp))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    handler = functools.partial(QuietHandler, directory=str(tmp))
+    server = QuietServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_port}/{path.name}", hashlib.md5(path.read_bytes()).hexdigest()
@@ -43,7 +54,8 @@ def fetch(root: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_make_data_runs_the_command_it_documents():
-    dry = subprocess.run(["make", "-n", "data", "ARGS=--root DIR"], cwd=ROOT, capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}  # (under make test)
+    dry = subprocess.run(["make", "-n", "data", "ARGS=--root DIR"], cwd=ROOT, capture_output=True, text=True, env=env)
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout.splitlines()[-1].endswith("/bin/python -m vit.commands.data --root DIR")
 

@@ -120,5 +120,7 @@ def test_every_private_use_is_listed_with_its_reason():
 
 def test_the_libraries_are_bounded_to_the_tested_major_versions():
     text = (ROOT / "pyproject.toml").read_text()
-    for bound in ('"lightning>=2.4,<3"', '"timm>=1.0.9,<2"', '"wandb>=0.18,<1"'):
-        assert bound in text
+    import re
+
+    for name, major in (("lightning", 3), ("timm", 2), ("wandb", 1)):  # (lower bounds: make test-lowest)
+        assert re.search(rf'"{name}>=[\d.]+,<{major}"', text), name
