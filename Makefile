@@ -19,13 +19,18 @@ comma  := ,
 # .installed records the settings of the install ("SYSTEM_SITE=... WHEELS=..."; an empty one: the defaults)
 RECORD := $(if $(wildcard $(VENV)/.installed),$(or $(shell cat $(VENV)/.installed),SYSTEM_SITE= WHEELS=))
 recorded = $(patsubst $(1)=%,%,$(filter $(1)=%,$(RECORD)))
+# make wheels describes the machine that installs from the folder: only a SYSTEM_SITE given to it counts
+WHEELS_SYSTEM_SITE := $(if $(filter undefined,$(origin SYSTEM_SITE)),,$(SYSTEM_SITE))
 ifeq ($(origin SYSTEM_SITE),undefined)
 SYSTEM_SITE := $(call recorded,SYSTEM_SITE)
 endif
+ifeq ($(origin WHEELS),undefined)
+WHEELS := $(call recorded,WHEELS)
+endif
 SETTINGS := SYSTEM_SITE=$(SYSTEM_SITE) WHEELS=$(WHEELS)
-# a setting given that differs from the one the venv was installed with installs again (an unset WHEELS
-# is no change: the packages stay where they came from)
-SEEN := SYSTEM_SITE=$(SYSTEM_SITE) WHEELS=$(if $(filter undefined,$(origin WHEELS)),$(call recorded,WHEELS),$(WHEELS))
+# a setting given that differs from the one the venv was installed with installs again (one not given is the
+# recorded one: later calls install from where the venv's packages came from)
+SEEN := SYSTEM_SITE=$(SYSTEM_SITE) WHEELS=$(WHEELS)
 CHANGED := $(if $(RECORD),$(if $(subst x$(strip $(RECORD)),,x$(strip $(SEEN)))$(subst x$(strip $(SEEN)),,x$(strip $(RECORD))),yes))
 # a venv whose view of the environment's packages is not the one asked for is made anew
 HAS_SYSTEM := $(shell sed -n 's/^include-system-site-packages *= *//p' $(VENV)/pyvenv.cfg 2>/dev/null)
@@ -75,7 +80,8 @@ $(VENV)/.installed-%: $(VENV)/.installed
 # `make install SYSTEM_SITE=1` does; without it, CI's versions (constraints.txt).
 wheels:
 	$(PYTHON) scripts/wheels.py --dest $(or $(WHEELS),wheels) --python-version $(TARGET_PYTHON) \
-	  --platform $(TARGET_PLATFORM) $(if $(EXTRAS),--extras $(EXTRAS)) $(if $(SYSTEM_SITE),--without-torch,$(PIN))
+	  --platform $(TARGET_PLATFORM) $(if $(EXTRAS),--extras $(EXTRAS)) \
+	  $(if $(WHEELS_SYSTEM_SITE),--without-torch,-c constraints.txt)
 
 # CIFAR-10 into data/ (or ARGS="--root DIR"), downloaded and checked: on a login node, before jobs that
 # run where there is no network

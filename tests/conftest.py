@@ -2,8 +2,7 @@
 
 from pathlib import Path
 
-import lightning.pytorch  # noqa: F401 - imported once here, so that the stderr handler Lightning adds at its first
-import pytest  # import is the session's, not that of the first test that captures stderr (closed after that test)
+import pytest
 
 from helpers import make_fake_cifar
 
@@ -25,8 +24,14 @@ def same_torch_threads():
 def own_wandb_service(monkeypatch):
     """A W&B run started in this process (a command's main() with W&B on) leaves its service's address in
     WANDB_SERVICE, which every later command started as a subprocess would inherit and use: each test starts
-    without it, and it is gone again after the test."""
+    without it, and it is gone again after the test; so is the settings wandb keeps in this process from its
+    first run (the W&B server, the mode), which a later run here would use whatever its environment says."""
+    import sys
+
     monkeypatch.delenv("WANDB_SERVICE", raising=False)
+    yield
+    if "wandb" in sys.modules:
+        sys.modules["wandb"].teardown()
 
 
 @pytest.fixture

@@ -191,6 +191,24 @@ def test_the_stamp_records_system_site_and_wheels_and_a_change_installs_again(in
     offline = installed("SYSTEM_SITE= WHEELS=", False, "install", "WHEELS=/w")
     assert f"install --quiet --no-index --find-links /w --no-build-isolation -c constraints.txt -e ." in " ".join(offline)
     assert offline[-1] == f"echo 'SYSTEM_SITE= WHEELS=/w' > {venv}/.installed"
+    later = installed("SYSTEM_SITE=1 WHEELS=/w", True, "install", "EXTRAS=demo")  # the folder is kept too
+    assert later == [f"{venv}/bin/python -m pip install --quiet --no-index --find-links /w --no-build-isolation  "
+                     "-e '.[demo]'"], later
+
+
+def test_make_wheels_describes_the_target_not_the_venv_it_runs_beside(installed, tmp_path):
+    """A login node's venv installed with SYSTEM_SITE=1: make wheels still pins CI's versions, torch included,
+    unless SYSTEM_SITE=1 is given to it."""
+    installed("SYSTEM_SITE=1 WHEELS=", True, "install")  # (the stamp of such a venv)
+
+    def wheels(*args: str) -> str:
+        proc = subprocess.run(["make", "-n", "wheels", f"VENV={tmp_path / 'venv'}", *args], cwd=ROOT,
+                              env=clean_env(), capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    assert "-c constraints.txt" in wheels() and "--without-torch" not in wheels()
+    assert "--without-torch" in wheels("SYSTEM_SITE=1") and "constraints.txt" not in wheels("SYSTEM_SITE=1")
 
 
 def test_install_takes_the_commands_needs_and_the_extras_on_request(installed, tmp_path):

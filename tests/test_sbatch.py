@@ -26,13 +26,15 @@ def job(tmp_path):
     venv.mkdir()
     (venv / ".installed").write_text("SYSTEM_SITE= WHEELS=\n")  # installed: the job trains at once
 
-    def run(restarts: int, status: int = 4, cap: str | None = None, *args: str):
+    def run(restarts: int, status: int = 4, cap: str | None = None, *args: str, env: dict | None = None):
+        extra = env or {}
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "VIT_"))}
         env.update(PATH=f"{bin_}:{env['PATH']}", SLURM_SUBMIT_DIR=str(tmp_path), SLURM_JOB_ID="77",
                    SLURM_JOB_NODELIST="node1", SLURM_RESTART_COUNT=str(restarts), SRUN_STATUS=str(status),
                    VIT_VENV=str(venv))
         if cap is not None:
             env["VIT_MAX_REQUEUES"] = cap
+        env.update(extra)
         proc = subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=60)
         requeues = calls.read_text().splitlines() if calls.exists() else []
         calls.unlink(missing_ok=True)
@@ -53,6 +55,10 @@ def test_a_stopped_job_requeues_itself_until_the_default_cap(job):
     assert line == ("not requeueing job 77: it was requeued 20 times (VIT_MAX_REQUEUES=20); continue its run with "
                     "the same sbatch options: sbatch scripts/slurm/train.sbatch --config smoke --data.root my\\ data "
                     "--run slurm-77")
+    proc, _ = job(20, 4, None, "--run", "mine")  # the run the user named: no second --run
+    assert proc.stdout.rstrip().endswith("sbatch scripts/slurm/train.sbatch --run mine"), proc.stdout
+    proc, _ = job(20, 4, None, env={"SLURM_ARRAY_JOB_ID": "70", "SLURM_ARRAY_TASK_ID": "3"})  # an array's task
+    assert proc.stdout.rstrip().endswith("sbatch scripts/slurm/train.sbatch --run slurm-70_3"), proc.stdout
 
 
 def test_the_cap_is_settable_and_a_bad_one_is_refused_before_training(job):

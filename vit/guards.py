@@ -96,11 +96,12 @@ class Watchdog(L.Callback):
             slow = self.window and self.window[0]
         self.alive(slow=slow)
 
-    def compiles(self, args) -> None:  # torch.compile starts compiling, in this thread
+    def compiles(self, *args) -> None:  # torch.compile starts compiling, in this thread (its callbacks
+        # take the compile's id in torch 2.14, nothing in older releases)
         self.before = self.clock[2]
         self.alive(slow="a torch.compile compile")
 
-    def compiled(self, args) -> None:  # and ends: the batch's own time again (a first batch: slow still)
+    def compiled(self, *args) -> None:  # and ends: the batch's own time again (a first batch: slow still)
         self.alive(slow=self.before)
 
     def setup(self, trainer, pl_module, stage):
@@ -111,6 +112,8 @@ class Watchdog(L.Callback):
         torch._dynamo.callback_handler.register_end_callback(self.compiled)
         threading.Thread(target=self.watch, args=(self.stopped,), name="vit-watchdog", daemon=True).start()
         if self.store is None and trainer.world_size > 1:
+            from vit.launch import peers_store
+
             self.store = peers_store()
         if self.store is not None:
             threading.Thread(target=self.listen, args=(self.stopped,), name="vit-peers", daemon=True).start()
@@ -180,25 +183,6 @@ class Watchdog(L.Callback):
                 time.sleep(0.1)
         except DistError:  # the store's host is gone
             pass
-
-
-def peers_store():
-    """A client of the store the process group was made with (its host: MASTER_ADDR, MASTER_PORT, as every
-    launcher sets them), for what the processes tell each other outside collectives (Watchdog); None without
-    a process group. Keys are per torchrun attempt (its agent's store outlives an attempt)."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    env = os.environ
-    if not (dist.is_available() and dist.is_initialized()) or "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
-        return None
-    try:
-        store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
-                              timeout=timedelta(seconds=30))
-    except dist.DistError:
-        return None
-    return dist.PrefixStore(f"vit/peers/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 FAILED, READ = "failed", "read"  # the first failure (status, rank, line); how many processes read it

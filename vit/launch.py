@@ -89,6 +89,25 @@ def join_torchrun_group(device_type: str, timeout_seconds: float) -> None:
                             timeout=timeout)
 
 
+def peers_store():
+    """A client of the store the process group was made with (its host: MASTER_ADDR, MASTER_PORT, as every
+    launcher sets them), for what the processes tell each other outside collectives (Watchdog); None without
+    a process group. Keys are per torchrun attempt (its agent's store outlives an attempt)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    env = os.environ
+    if not (dist.is_available() and dist.is_initialized()) or "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+        return None
+    try:
+        store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
+                              timeout=timedelta(seconds=30))
+    except dist.DistError:
+        return None
+    return dist.PrefixStore(f"vit/peers/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
 def apply_allocation(trainer) -> None:
     """Under SLURM or torchrun the processes exist already: devices and nodes are the allocation's,
     whatever the recipe says (one line says what it overrode)."""
