@@ -172,7 +172,7 @@ class FillDisk(L.Callback):
 
 class RaiseAtStep(L.Callback):
     """What the environment raises in the middle of a run, at step ``step``: torch's out-of-memory error, a bad
-    input (DatasetError), or NCCL's watchdog timeout as it reaches the main thread (TORCH_NCCL_ASYNC_ERROR_HANDLING=2). Under DDP,
+    input (DatasetError), a bug (KeyError), or NCCL's watchdog timeout as it reaches the main thread (TORCH_NCCL_ASYNC_ERROR_HANDLING=2). Under DDP,
     only on the process of rank ``rank`` (None: every one), which first writes the time into
     ``<run>/raised.<rank>``."""
 
@@ -192,6 +192,8 @@ class RaiseAtStep(L.Callback):
             from vit.exits import DatasetError
 
             raise DatasetError("data/cifar-10-batches-py/data_batch_3 is truncated: re-download CIFAR-10")
+        if self.error == "bug":  # a bug of this process's own (a user's callback, a dataset's code)
+            raise KeyError("label")
         if self.error == "oom":
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
                                          "capacity of 79.19 GiB of which 1.02 GiB is free.")

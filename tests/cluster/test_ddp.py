@@ -158,11 +158,12 @@ def test_a_bug_whose_words_say_timed_out_is_exit_1_with_its_traceback_under_ddp(
     ("oom", 1, 7, "the accelerator ran out of memory"),
     ("oom", 0, 7, "the accelerator ran out of memory"),
     ("dataset", 1, 2, "data/cifar-10-batches-py/data_batch_3 is truncated: re-download CIFAR-10"),
+    ("bug", 1, 1, "a bug, whose traceback that process prints: KeyError: 'label'"),
 ])
 def test_a_process_that_fails_for_a_known_cause_ends_the_others_with_its_line(tmp_path, fake_cifar_session, error,
                                                                               failing, status, reason):
-    """One process fails at step 2 — out of device memory (torch's error, raised on CPU), or a bad input only it
-    read — while the other goes on into step 3's gradient all-reduce and waits there. With --ddp_timeout 300,
+    """One process fails at step 2 — out of device memory (torch's error, raised on CPU), a bad input only it
+    read, or a bug (its traceback) — while the other goes on into step 3's gradient all-reduce and waits there. With --ddp_timeout 300,
     the other ends within 30 s of that error, not 300 s: with the same exit status and a line that names the
     failed process and its reason. Rank 1 failing, and rank 0, whose process hosts the process group's store."""
     other = 1 - failing
@@ -179,10 +180,13 @@ def test_a_process_that_fails_for_a_known_cause_ends_the_others_with_its_line(tm
     assert any(line.startswith(told) for line in errors), out[-3000:]  # (rank 1's: within 30 s of rank 0's end)
     # the failed process's own line too, except for a bad input, which every process would say alike (rank 0
     # alone says it: here, for rank 1)
+    assert ended - raised < 30
+    if status == 1:  # a bug: its traceback, from the process that raised it, and no line of its own
+        assert "Traceback (most recent call last)" in out and "KeyError: 'label'" in out, out[-3000:]
+        return
     own = [line for line in errors if line.startswith(f"error: {reason}")]
     assert len(own) == (0 if status == 2 else 1), out[-3000:]
     assert "Traceback" not in out
-    assert ended - raised < 30
 
 
 GLOO_PAIR = """

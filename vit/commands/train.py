@@ -264,6 +264,14 @@ def lost_contact(e: RuntimeError) -> bool:
     return isinstance(e, dist.DistError) or GLOO_ERROR.match(str(e)) is not None
 
 
+def tell_others(cli: ViTCLI | None, code: int, line: str) -> None:
+    """Under DDP, the other processes end with this one's status and line (vit.guards.Watchdog.tell_others)."""
+    trainer = getattr(cli, "trainer", None)
+    watchdog = next((c for c in getattr(trainer, "callbacks", []) if isinstance(c, Watchdog)), None)
+    if watchdog is not None:
+        watchdog.tell_others(code, line)
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -310,15 +318,16 @@ def main(argv: list[str] | None = None) -> int:
         if not inherited:
             os.environ.pop(runs.ENV, None)
         loggers.end_wandb_run(code)
+        bug = sys.exc_info()[1]
+        if code == 1 and isinstance(bug, Exception):  # under DDP, the others end too, naming it (its traceback
+            tell_others(cli, code, f"a bug, whose traceback that process prints: {type(bug).__name__}: "  # follows)
+                                   f"{first_line(bug)}")
     # every process fails alike on a bad input, a divergence or a stop (say it once); a full disk or device
     # memory is one process's own
     alike = code in [exits.status_of(e()) for e in (exits.BadInput, exits.TrainingDiverged, exits.Stopped)]
     if rank_zero_only.rank == 0 or not alike:
         print(f"{'stopped' if code == exits.status_of(exits.Stopped()) else 'error'}: {message}", file=sys.stderr)
-    watchdog = next((c for c in getattr(getattr(cli, "trainer", None), "callbacks", []) if isinstance(c, Watchdog)),
-                    None)
-    if watchdog is not None:  # under DDP, the others end with it, with this line (rank 1's bad input too)
-        watchdog.tell_others(code, message)
+    tell_others(cli, code, message)  # under DDP, the others end with it, with this line (rank 1's bad input too)
     for run in claimed:
         if run.is_dir() and {p.name for p in run.iterdir()} <= {runs.WANDB_ID}:
             shutil.rmtree(run)  # a run that never started leaves no folder behind (its W&B id unused)
