@@ -72,7 +72,7 @@ def test_a_bounded_benchmark_stops_with_the_sections_left_and_the_same_command_f
     bound is exit 2 with one line. (Sections stand in for the real ones: one takes 30 s until it is fast.)"""
     import time
 
-    from vit import benchmark
+    from vit.benchmark import runner
     from vit.commands.benchmark import main
 
     slow = {"data": 30.0}
@@ -83,7 +83,7 @@ def test_a_bounded_benchmark_stops_with_the_sections_left_and_the_same_command_f
         report[name] = [{"img_s": 1.0}]
         measured.append(name)
 
-    monkeypatch.setattr(benchmark, "section", section)
+    monkeypatch.setattr(runner, "section", section)
     out = tmp_path / "bench.json"
     command = ["--device", "cpu", "--sections", "model,data,step", "--output", str(out), "--minutes", "0.1"]
     started = time.monotonic()

@@ -43,6 +43,6 @@ PRIVATE_USES = (
      "the server it logs to (a self-hosted one's host:port, or the host behind W&B's default URL): wandb's own "
      "reader, as wandb.init uses it, where wandb has one (older versions read the file with requests' public "
      "get_netrc_auth); wandb has no public function that answers without logging in or prompting"),
-    ("vit/benchmark.py", "_check_integrity", "the benchmark's torchvision CIFAR10 reads generated files whose md5s "
+    ("vit/benchmark/data.py", "_check_integrity", "the benchmark's torchvision CIFAR10 reads generated files whose md5s "
      "are not the official ones (with _load_meta, overridden); benchmark only"),
 )

@@ -35,7 +35,7 @@ parser.add_argument("--minutes", type=float, default=None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vit.benchmark import BenchmarkError, StoppedEarly, run
+    from vit.benchmark.runner import BenchmarkError, StoppedEarly, run
 
     args = parser.parse_args(argv)
     from vit.results import commit

@@ -1,0 +1,22 @@
+"""The benchmark's report: its JSON file and the tables printed as each section ends."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def format_table(rows: list[dict], columns: list[str]) -> str:
+    def fmt(v):
+        return f"{v:.2f}" if isinstance(v, float) and abs(v) < 100 else (f"{v:.0f}" if isinstance(v, float) else str(v))
+
+    cells = [columns] + [[fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    lines = ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def write_report(report: dict, output: str | None) -> None:
+    if output:
+        Path(output).write_text(json.dumps(report, indent=2) + "\n")
