@@ -156,7 +156,7 @@ PLANS: dict[str, list[Step]] = {
                   _shape_pair(("nols", "+ no label smoothing", ("no label smoothing",)),
                               ("b256", "+ batch 256", ("batch 256",))),
                   Step((Benchmark("benchmark-cpu-levers", "levers", "The cpu recipe's fast paths",
-                                  ("--device", "cpu", "--sections", "levers", "--compile", "--rounds", "3")),))],
+                                  ("--device", "cpu", "--sections", "fast-paths", "--compile", "--rounds", "3")),))],
     # mimetic initialisation's scales with either optimizer, and the seed-0 winner of cpu-shape again with seed 1
     "cpu-mimetic": [_shape_pair(("cpu", "cpu recipe", ()), ("mim7-adamw", "+ mimetic 0.7/0.4, AdamW",
                                                               ("mimetic 0.7/0.4", "AdamW")), "cpu-mimetic"),
@@ -185,7 +185,7 @@ PLANS: dict[str, list[Step]] = {
         Step((_lever_run("nsbf16", "+ Newton–Schulz in bfloat16 (timm's)", ("Newton–Schulz in bfloat16",), 0, "cpu-round2"),
               _lever_run("nsbf16", "+ Newton–Schulz in bfloat16 (timm's)", ("Newton–Schulz in bfloat16",), 1, "cpu-round2"))),
         Step((Benchmark("benchmark-cpu-levers", "levers-muon", "The cpu recipe's fast paths, with Muon",
-                        ("--device", "cpu", "--sections", "levers", "--compile", "--rounds", "3")),))],
+                        ("--device", "cpu", "--sections", "fast-paths", "--compile", "--rounds", "3")),))],
     # the recipe's shape (D, L, heads), its augmentation (weaker crops, light Mixup) and its resize stages (none,
     # longer), one change each against it, seed 0, pinned in pairs
     "cpu-choices": [
@@ -457,7 +457,7 @@ def _bench_rows(r: dict) -> list[list[str]]:
         rows.append([f"whole training step, {s['preset']}, batch {s['batch_size']}, {s['dtype']}"
                      + (", compiled" if s.get("compiled") else "") + " (img/s)",
                      f"{n(s['img_s'])} ({s['achieved_tflops']:.3g} TFLOP/s{mfu})", "—", "—", "—"])
-    levers = r.get("levers", [])
+    levers = r.get("fast-paths", r.get("levers", []))  # (records before the fast-paths section: "levers")
     fp32 = {(v["threads"], v["compiled"]): v["img_s"] for v in levers
             if v["dtype"] == "float32" and v.get("optimizer", "adamw") == "adamw"}
     muon = {(v["threads"], v["optimizer"]): v["img_s"] for v in levers if v.get("optimizer", "adamw") != "adamw"}

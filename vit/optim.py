@@ -1,7 +1,7 @@
 """Muon with the precision of its Newton–Schulz iteration chosen: timm's Muon runs it in bfloat16 always.
 
 On a CPU without bf16 units (an AMD EPYC Milan, most laptops) bfloat16 matrix products are emulated, and
-the iteration costs the cpu recipe a large share of its steps (the benchmark's levers section measures it:
+the iteration costs the cpu recipe a large share of its steps (the benchmark's fast-paths section measures it:
 docs/results.md). On a GPU bfloat16 is the fast path, and timm's choice stays.
 """
 

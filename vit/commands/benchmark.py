@@ -17,8 +17,8 @@ parser.add_argument("--output", help="write the results as JSON here")
 parser.add_argument("--sections", default="model,data,step,checkpoint,classify,startup",
                     help="comma-separated: model (ours vs timm), data (data path), step (whole training step), "
                          "checkpoint (the step checkpoint's cost), classify (throughput with decoding workers), "
-                         "startup (classify start-up time), levers (the cpu recipe's model in fp32, bf16, compiled; "
-                         "not a default)")
+                         "startup (classify start-up time), fast-paths (the cpu recipe's model in fp32, bf16 "
+                         "autocast, compiled, and Muon's Newton–Schulz in float32 and bfloat16; not a default)")
 parser.add_argument("--workers", type=int, default=2, help="DataLoader workers for the data-path and classify comparisons")
 parser.add_argument("--classify-images", type=int, default=2000, help="generated images for the classify section")
 parser.add_argument("--data-images", type=int, default=20000)

@@ -22,7 +22,7 @@ def recipe_arch(name: str) -> ViTConfig:
     return ViTConfig(**{k: v for k, v in arch.items() if k in ViTConfig.__dataclass_fields__})
 
 
-def bench_cpu_levers(batch_size: int, steps: int, rounds: int, compiled: bool) -> list[dict]:
+def bench_fast_paths(batch_size: int, steps: int, rounds: int, compiled: bool) -> list[dict]:
     """The cpu recipe's model (at full size, no token dropping), whole training steps in fp32 against bf16
     autocast (and torch.compile when ``compiled``), with AdamW, and with the recipe's Muon, its Newton–Schulz
     iteration in bfloat16 (timm's) and in float32; with 1 thread and with every thread torch has: which of
@@ -52,8 +52,8 @@ def bench_cpu_levers(batch_size: int, steps: int, rounds: int, compiled: bool) -
 
 def section(report: dict, args, device: torch.device, dtype: torch.dtype) -> None:
     steps, rounds, presets, batch = scale(args)
-    report["levers"] = bench_cpu_levers(8 if args.quick else 128, 1 if args.quick else 10, rounds, args.compile)
+    report["fast-paths"] = bench_fast_paths(8 if args.quick else 128, 1 if args.quick else 10, rounds, args.compile)
     print("# the cpu recipe's model, whole training step on the CPU: fp32, bf16 autocast"
           + (", torch.compile" if args.compile else "") + "; images/s")
-    print(format_table(report["levers"], ["model", "threads", "batch_size", "dtype", "compiled", "optimizer",
+    print(format_table(report["fast-paths"], ["model", "threads", "batch_size", "dtype", "compiled", "optimizer",
                                           "img_s"]))
