@@ -31,6 +31,7 @@ def test_benchmark_quick_writes_json(tmp_path):
     (step,) = report["step"]
     assert step["img_s"] > 0 and step["gflop_per_img"] > 0
     assert step["achieved_tflops"] == pytest.approx(step["img_s"] * step["gflop_per_img"] / 1000)
+    assert report["peak"]["tflops"] > 0 and 0 < step["peak_fraction"] <= 1.5
     assert [row["recipe"] for row in report["checkpoint"]] == ["vit_cifar10", "cpu"]
     for row in report["checkpoint"]:  # the step checkpoint's cost, as README's preemption paragraph gives it
         assert row["s_per_save"] > 0 and row["MB"] > 0
@@ -113,3 +114,68 @@ def test_records_of_the_fast_paths_render_under_their_earlier_key_too():
     assert any("Newton–Schulz in float32" in row[0] for row in rows) and any("bf16 autocast" in row[0] for row in rows)
     renamed = {("fast-paths" if k == "levers" else k): v for k, v in record.items()}
     assert "levers" not in renamed and _bench_rows(renamed) == rows
+
+
+def test_the_training_step_is_shown_beside_the_machines_matmul_peak(tmp_path, monkeypatch, capsys):
+    """The step section measures the matmul peak first (a small product under --quick only, 4096² at least
+    otherwise) and gives each step's achieved TFLOP/s as a fraction of it; README's row shows it."""
+    from argparse import Namespace
+
+    import torch
+
+    from vit.benchmark import peak
+    from vit.commands.benchmark import main
+    from vit.figures import _bench_rows
+
+    out = tmp_path / "bench.json"
+    assert main(["--quick", "--device", "cpu", "--sections", "step", "--output", str(out)]) == 0
+    report = json.loads(out.read_text())
+    p, (step,) = report["peak"], report["step"]
+    assert p["size"] == peak.QUICK_SIZE and p["dtype"] == "float32" and p["repeats"] >= 3 and p["tflops"] > 0
+    assert p["threads"] == torch.get_num_threads() and p["products_per_repeat"] >= 1
+    assert step["peak_fraction"] == pytest.approx(step["achieved_tflops"] / p["tflops"])
+    assert 0 < step["peak_fraction"] <= 1.5  # a margin that holds on any CPU
+    assert "peak_fraction" in capsys.readouterr().out
+    (row,) = [row for row in _bench_rows(report) if row[0].startswith("whole training step")]
+    assert row[2].startswith(f"matmul peak {p['tflops']:.3g} TFLOP/s ({p['size']}², float32")
+    assert row[3] == f"**{step['peak_fraction']:.2f}**"
+    earlier = json.loads((ROOT / "results" / "benchmark-cpu" / "cpu.json").read_text())  # before the peak
+    assert "peak" not in earlier and all(row[2:4] == ["—", "—"] for row in _bench_rows(earlier)
+                                         if row[0].startswith("whole training step"))
+
+    sizes = []  # without --quick the product is the real one, and it is measured once per report
+    monkeypatch.setattr(peak, "matmul_peak", lambda device, dtype, size: sizes.append(size) or {"tflops": 1.0})
+    measured = {}
+    for _ in range(2):
+        peak.section(measured, Namespace(quick=False), torch.device("cpu"), torch.float32)
+    assert sizes == [peak.SIZE] and peak.SIZE >= 4096
+
+
+def test_the_time_bound_and_the_report_work_apart(tmp_path):
+    """time_bound cuts what runs at its deadline short (TimeBound, a BaseException that `except Exception`
+    lets through) and leaves what ends in time alone; the report module writes the JSON and the tables."""
+    import time
+
+    from vit.benchmark.report import format_table, write_report
+    from vit.benchmark.time_bound import TimeBound, time_bound
+
+    started, stopped = time.monotonic(), []
+    with pytest.raises(TimeBound):
+        with time_bound(started + 0.3):
+            try:
+                time.sleep(20)
+            except Exception:  # a library's broad except does not swallow the bound
+                stopped.append("swallowed")
+    assert time.monotonic() - started < 10 and not stopped
+    with time_bound(time.monotonic() + 0.5):
+        time.sleep(0.01)
+    time.sleep(0.6)  # the bound ended with its block: nothing fires later
+    with time_bound(None):
+        time.sleep(0.01)
+    report = {"step": [{"preset": "vit_tiny", "img_s": 1234.5, "peak_fraction": 0.01234}]}
+    write_report(report, str(tmp_path / "r.json"))
+    write_report(report, None)
+    assert json.loads((tmp_path / "r.json").read_text()) == report and list(tmp_path.iterdir()) == [tmp_path / "r.json"]
+    header, rule, line = format_table(report["step"], ["preset", "img_s", "peak_fraction"]).splitlines()
+    assert header.split() == ["preset", "img_s", "peak_fraction"] and set(rule) <= {"-", " "}
+    assert line.split() == ["vit_tiny", "1234", "0.0123"]

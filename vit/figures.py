@@ -454,9 +454,12 @@ def _bench_rows(r: dict) -> list[list[str]]:
                      f"{d['ratio_workers_vs_torchvision']:.2f}", "—"])
     for s in r.get("step", []):
         mfu = f", MFU {100 * s['mfu']:.1f} %" if s.get("mfu") else ""
+        peak = r.get("peak") if "peak_fraction" in s else None  # (records before the matmul peak: no fraction)
+        reference, fraction = (f"matmul peak {peak['tflops']:.3g} TFLOP/s ({peak['size']}², {peak['dtype']}, best of "
+                               f"{peak['repeats']})", f"**{s['peak_fraction']:.2f}**") if peak else ("—", "—")
         rows.append([f"whole training step, {s['preset']}, batch {s['batch_size']}, {s['dtype']}"
                      + (", compiled" if s.get("compiled") else "") + " (img/s)",
-                     f"{n(s['img_s'])} ({s['achieved_tflops']:.3g} TFLOP/s{mfu})", "—", "—", "—"])
+                     f"{n(s['img_s'])} ({s['achieved_tflops']:.3g} TFLOP/s{mfu})", reference, fraction, "—"])
     levers = r.get("fast-paths", r.get("levers", []))  # (records before the fast-paths section: "levers")
     fp32 = {(v["threads"], v["compiled"]): v["img_s"] for v in levers
             if v["dtype"] == "float32" and v.get("optimizer", "adamw") == "adamw"}

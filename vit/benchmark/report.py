@@ -8,7 +8,9 @@ from pathlib import Path
 
 def format_table(rows: list[dict], columns: list[str]) -> str:
     def fmt(v):
-        return f"{v:.2f}" if isinstance(v, float) and abs(v) < 100 else (f"{v:.0f}" if isinstance(v, float) else str(v))
+        if not isinstance(v, float):
+            return str(v)
+        return f"{v:.3g}" if abs(v) < 1 else (f"{v:.2f}" if abs(v) < 100 else f"{v:.0f}")
 
     cells = [columns] + [[fmt(r.get(c, "")) for c in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import torch
 
-from vit.benchmark import checkpoint, classify, data, fast_paths, model, startup, step
+from vit.benchmark import checkpoint, classify, data, fast_paths, model, peak, startup, step
 from vit.benchmark.report import write_report
 from vit.benchmark.time_bound import TimeBound, time_bound
 
-MODULES = {"model": model, "data": data, "step": step, "fast-paths": fast_paths, "classify": classify,
+MODULES = {"model": model, "data": data, "peak": peak, "step": step, "fast-paths": fast_paths, "classify": classify,
            "checkpoint": checkpoint, "startup": startup}
 SECTIONS = tuple(MODULES)
 

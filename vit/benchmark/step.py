@@ -6,6 +6,7 @@ import time
 
 import torch
 
+from vit.benchmark import peak
 from vit.benchmark.common import scale, sync
 from vit.benchmark.report import format_table
 from vit.model import PRESETS, ViTConfig, flops_per_image
@@ -69,9 +70,15 @@ def bench_training_step(preset: str, batch_size: int, device: torch.device, dtyp
 
 
 def section(report: dict, args, device: torch.device, dtype: torch.dtype) -> None:
+    """The training step of each preset, its achieved TFLOP/s and their fraction of the machine's matmul peak
+    (measured first, when the report has none)."""
+    peak.section(report, args, device, dtype)
     steps, rounds, presets, batch = scale(args)
     report["step"] = [bench_training_step(p, batch if args.quick else args.step_batch_size, device, dtype, steps,
                                           args.compile) for p in presets]
-    print("# whole training step (device data path + forward + backward + AdamW)")
+    for row in report["step"]:
+        row["peak_fraction"] = row["achieved_tflops"] / report["peak"]["tflops"]
+    print(f"# whole training step (device data path + forward + backward + AdamW); peak_fraction: of the "
+          f"{report['peak']['size']}² {report['peak']['dtype']} matmul's {report['peak']['tflops']:.3g} TFLOP/s")
     print(format_table(report["step"], ["preset", "batch_size", "dtype", "compiled", "img_s", "gflop_per_img",
-                                        "achieved_tflops"] + (["mfu"] if device.type == "cuda" else [])))
+                                        "achieved_tflops", "peak_fraction"] + (["mfu"] if device.type == "cuda" else [])))

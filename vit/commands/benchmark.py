@@ -15,7 +15,7 @@ parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
 parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
 parser.add_argument("--output", help="write the results as JSON here")
 parser.add_argument("--sections", default="model,data,step,checkpoint,classify,startup",
-                    help="comma-separated: model (ours vs timm), data (data path), step (whole training step), "
+                    help="comma-separated: model (ours vs timm), data (data path), step (whole training step, beside the matmul peak), peak (the matmul peak alone), "
                          "checkpoint (the step checkpoint's cost), classify (throughput with decoding workers), "
                          "startup (classify start-up time), fast-paths (the cpu recipe's model in fp32, bf16 "
                          "autocast, compiled, and Muon's Newton–Schulz in float32 and bfloat16; not a default)")
