@@ -42,3 +42,20 @@ def test_the_suite_timing_table_is_its_records():
         assert f"{record['wall_seconds']:.0f} s" in row and record["summary"].split(" in ")[0] in row, row
         assert record["exit_status"] == 0 and "failed" not in record["summary"], row
     assert table.count("../results/suite/") == len(records)
+
+
+def test_license_and_citation_agree_with_pyproject():
+    """LICENSE is the license pyproject declares; CITATION.cff is valid YAML that cites this version and the ViT paper."""
+    import tomllib
+
+    import yaml
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    license_text = (ROOT / "LICENSE").read_text()
+    assert project["license"] == "MIT" and license_text.startswith("MIT License\n")
+    assert "Copyright (c) 2026 the vit-lightning contributors" in license_text
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert cff["cff-version"].startswith("1.2") and cff["title"] == project["name"]
+    assert cff["license"] == project["license"] and str(cff["version"]) == project["version"]
+    assert cff["authors"] == [{"name": "the vit-lightning contributors"}]
+    assert any("2010.11929" in str(ref) and ref["authors"][0]["family-names"] == "Dosovitskiy" for ref in cff["references"])

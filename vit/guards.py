@@ -313,7 +313,7 @@ class StopOnSignal(L.Callback):
 
 
 class StopAfterMinutes(L.Callback):
-    """End this command in time for a wall-clock limit on it (a lease, a short partition): at the end of
+    """End this command in time for a wall-clock limit on it (a job's time limit, a short partition): at the end of
     an epoch, after its checkpoints, when one more epoch like the last (+20 %, + 30 s for the test) would
     end past ``minutes`` since the process started. The CLI then exits 4 (vit.commands.train), and
     ``--ckpt_path last`` continues the run exactly, its schedule and clock included. All processes

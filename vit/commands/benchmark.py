@@ -30,7 +30,7 @@ parser.add_argument("--quick", action="store_true", help="one tiny round of ever
 parser.add_argument("--minutes", type=float, default=None,
                     help="end this command within this many minutes: a section still running then is cut short, "
                          "--output lists it and the rest as pending, and the command exits 4; the same command "
-                         "again measures those (a lease of short commands)")
+                         "again measures those (for a job whose time is bounded)")
 
 
 

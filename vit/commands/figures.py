@@ -2,14 +2,14 @@
 this machine, keep their records in results/, and render the pages' tables from them.
 
     make figures                                    this machine's plan (cpu, or gpu where CUDA is), then the pages
-    make figures ARGS="--plan muon-horizon"         AdamW against Muon at 10 and 30 minutes (2 CPU cores)
+    make figures ARGS="--plan muon-horizon"         AdamW against Muon at 10 and 30 minutes (on CPUs)
     make figures ARGS="--plan cpu-levers"           the cpu recipe against sincos E_pos, linear decay, flip TTA
     make figures ARGS="--plan cpu-shape"            the cpu recipe against five changes of its own choices
     make figures ARGS="--plan cpu-mimetic"          mimetic initialisation at two scales, with Muon and AdamW
     make figures ARGS="--plan cpu-regularisation"   no weight decay, an EMA, the warmup's length
-    make figures ARGS="--plan cpu-round2"           the cpu recipe against 2f47865's (its checkout), 2 seeds each
+    make figures ARGS="--plan cpu-round2"           the cpu recipe against its version before float32 Newton–Schulz
     make figures ARGS="--plan cpu-choices"          its shape, augmentation and resize stages, one change each
-    make figures ARGS="--plan fashion-mnist"        the cpu recipe against 2f47865's on Fashion-MNIST folders
+    make figures ARGS="--plan fashion-mnist"        the same two versions on Fashion-MNIST folders
     make figures ARGS="--plan fashion-workers"      the cpu recipe on those folders with 0 and 2 data workers
     make figures ARGS="--quick"                     every step of every plan at toy scale on CPU (a test runs it)
     make figures ARGS="--render"                    only re-render README and docs/ from results/
@@ -18,8 +18,8 @@ this machine, keep their records in results/, and render the pages' tables from 
 A row that has a record in results/ is not measured again, and a run whose folder exists (runs/figures/
 TABLE/ROW) is resumed: to measure a table again, delete both (rm -r results/cpu runs/figures/cpu).
 
-Each training run and each benchmark runs whole, as one command. With --minutes M (on a machine that
-bounds the time of each command), each command it runs ends within M minutes instead: a longer training
+Each training run and each benchmark runs whole, as one command. With --minutes M (where a job's time
+is bounded), each command it runs ends within M minutes instead: a longer training
 run stops at an epoch end with exit 4 and the next command continues it exactly (--ckpt_path last); a
 benchmark stops with the sections it has not finished, which the next command measures (vit-benchmark
 --minutes). With --max-commands N it stops after N commands (exit 4); the same make figures continues
