@@ -31,6 +31,24 @@ def test_each_error_type_has_its_status_and_builtins_have_none():
         assert exits.status_of(bug) is None
 
 
+@pytest.mark.parametrize("error, status, message", [
+    ("oom", 7, "error: the accelerator ran out of memory with 50 images per device (the global batch 50 split among "
+               "the processes). Try --data.batch_size 25 --trainer.accumulate_grad_batches 2 (the same 50 images "
+               "and lr per optimizer step, 25 per device at a time)"),
+    ("nccl", 5, "error: process 0: lost the other processes of this run ([Rank 0] Watchdog caught collective "
+                "operation timeout: WorkNCCL(SeqNum=42, OpType=ALLREDUCE"),
+])
+def test_device_memory_and_nccl_timeouts_are_one_line(tmp_path, fake_cifar_session, capsys, error, status, message):
+    """Simulated on CPU: the errors torch raises on a GPU (torch.OutOfMemoryError; NCCL's watchdog timeout,
+    which reaches the main thread as DistBackendError with TORCH_NCCL_ASYNC_ERROR_HANDLING=2, set by every
+    run that makes an NCCL group) reach the same one-line exits as on a GPU cluster."""
+    code = train_here(tmp_path, fake_cifar_session, "--trainer.logger", "false", "--test_after_fit", "false",
+                      "--trainer.callbacks+=callbacks.RaiseAtStep",
+                      "--trainer.callbacks.error", error)
+    err = capsys.readouterr().err
+    assert code == status and message in err and "Traceback" not in err, err[-3000:]
+
+
 def test_help_shows_the_exit_table(capsys):
     from vit.commands.train import main
 

@@ -27,7 +27,7 @@ from lightning.pytorch.plugins.environments import LightningEnvironment
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from vit import configs, environment, exits, launch, loggers, report, results, runs
+from vit import configs, exits, gpus, launch, loggers, memory, report, results, runs, storage
 from vit.callbacks import LogConfig, run_callbacks
 from vit.guards import StopAfterMinutes, Watchdog
 from vit.progress import ProgressBar
@@ -121,7 +121,7 @@ class ViTCLI(LightningCLI):
     def before_instantiate_classes(self):
         cfg = self.config
         if str(cfg.trainer.accelerator) in ("auto", "gpu", "cuda"):
-            environment.check_gpus_usable()
+            gpus.check_gpus_usable()
         root = Path(cfg.trainer.default_root_dir or Path("runs") / configs.recipe_name(self.argv))
         if self.mode == "test":
             if not cfg.ckpt_path or cfg.ckpt_path == "last":
@@ -158,7 +158,7 @@ class ViTCLI(LightningCLI):
         config = self.config_init.trainer
         kwargs.update(launch.parallelism(config, self.config.ddp_timeout + Watchdog.BACKSTOP))
         if "strategy" in kwargs:
-            environment.nccl_errors_reach_python()  # (before the processes and their group are made)
+            gpus.nccl_errors_reach_python()  # (before the processes and their group are made)
         configured = config.get("callbacks") or []
         configured = configured if isinstance(configured, list) else [configured]
         kwargs["callbacks"] = [*configured, *run_callbacks(config, configured, self.config.step_checkpoint_minutes,
@@ -294,13 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     except (exits.TrainingDiverged, exits.Stopped) as e:
         code, message = exits.status_of(e), str(e)
     except OSError as e:
-        if not environment.storage_full(e):
+        if not storage.storage_full(e):
             raise  # a bug, or a failure we do not know: exit 1 with its traceback
         run = os.environ.get(runs.ENV)
-        code, message = exits.status_of(exits.StorageFull()), environment.storage_message(e, run and Path(run), argv)
+        code, message = exits.status_of(exits.StorageFull()), storage.storage_message(e, run and Path(run), argv)
     except torch.OutOfMemoryError as e:
         code = exits.status_of(exits.OutOfDeviceMemory())
-        message = environment.out_of_memory_message(e, cli and cli.datamodule)
+        message = memory.out_of_memory_message(e, cli and cli.datamodule)
     except RuntimeError as e:
         if not lost_contact(e):
             raise  # a bug: exit 1 with its traceback
