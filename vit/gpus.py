@@ -48,7 +48,7 @@ def check_gpus_usable() -> None:
 def nccl_errors_reach_python() -> None:
     """NCCL's watchdog, on a collective that outlives the process group's timeout, by default ends the process
     from its own thread (TORCH_NCCL_ASYNC_ERROR_HANDLING=3: SIGABRT, no message of ours). With 2 it aborts the
-    communicator only, and the main thread's collective raises DistBackendError, which vit.commands.train turns
-    into the same one line and exit 5 as gloo's timeouts. Set before the process group is made; a value the
+    communicator only, and the main thread's collective raises DistBackendError, which vit.failures reads as
+    gloo's timeouts: the same one line and exit 5. Set before the process group is made; a value the
     user set is kept."""
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
