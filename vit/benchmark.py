@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from vit.cifar import write_fake
+from vit.exits import ConfigError, Stopped
 from vit.model import PRESETS, ViTConfig, VisionTransformer, flops_per_image
 
 
@@ -535,11 +536,11 @@ def run(args) -> dict:
     return report
 
 
-class BenchmarkError(Exception):
+class BenchmarkError(ConfigError):
     """A benchmark that cannot run as asked; the message says why (exit 2)."""
 
 
-class StoppedEarly(Exception):
+class StoppedEarly(Stopped):
     """--minutes ran out; the report says which sections remain (exit 4)."""
 
 

@@ -36,6 +36,11 @@ class AcceleratorUnusable(BadInput):
     """GPUs were allocated to the job but torch cannot use them (a driver older than torch's CUDA, a CPU build)."""
 
 
+class MissingExtra(BadInput):
+    """An optional part of the package is not installed (Gradio for vit-demo, ONNX's packages for vit-export);
+    the message says how to install it."""
+
+
 class TrainingDiverged(RuntimeError):
     """The loss or the gradients became non-finite; the message says where and what to try (exit 3)."""
 
