@@ -256,8 +256,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cli.test(str(cli.resume[0]))
     except Exception as error:  # read, not handled: vit.failures knows the failures; a bug is raised again
-        run = os.environ.get(runs.ENV)
-        known = failures.line_and_status(error, failures.Training(argv, run and Path(run), cli and cli.datamodule))
+        folder = os.environ.get(runs.ENV)
+        known = failures.line_and_status(error, failures.Training(argv, folder and Path(folder),
+                                                                  cli and cli.datamodule))
         if known is None:
             raise  # a bug: exit 1 with its traceback
         message, code = known
