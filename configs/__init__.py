@@ -55,9 +55,9 @@ def default_files(mode: str, argv: list[str]) -> list[Path]:
     if mode == "fit" and not named_recipes(argv) and not gpu_present():
         from lightning.pytorch.utilities import rank_zero_info
 
-        from vit import environment
+        from vit import gpus
 
-        environment.check_gpus_usable()  # GPUs given but unusable: never the CPU recipe in their place
+        gpus.check_gpus_usable()  # GPUs given but unusable: never the CPU recipe in their place
         defaults.append(path(CPU))
         rank_zero_info(f"no GPU here: the default recipe {DEFAULT} is a GPU recipe (100 epochs, bf16), so "
                        f"this runs the {CPU} recipe (10 minutes); name a recipe with --config to choose")

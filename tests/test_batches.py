@@ -128,7 +128,7 @@ def test_the_out_of_memory_advice_keeps_each_steps_images_in_a_split_the_cli_acc
 
     from vit import runs
     from vit.commands.train import ViTCLI
-    from vit.environment import out_of_memory_message
+    from vit.memory import out_of_memory_message
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "disabled")

@@ -31,6 +31,24 @@ def test_each_error_type_has_its_status_and_builtins_have_none():
         assert exits.status_of(bug) is None
 
 
+@pytest.mark.parametrize("error, status, message", [
+    ("oom", 7, "error: the accelerator ran out of memory with 50 images per device (the global batch 50 split among "
+               "the processes). Try --data.batch_size 25 --trainer.accumulate_grad_batches 2 (the same 50 images "
+               "and lr per optimizer step, 25 per device at a time)"),
+    ("nccl", 5, "error: process 0: lost the other processes of this run ([Rank 0] Watchdog caught collective "
+                "operation timeout: WorkNCCL(SeqNum=42, OpType=ALLREDUCE"),
+])
+def test_device_memory_and_nccl_timeouts_are_one_line(tmp_path, fake_cifar_session, capsys, error, status, message):
+    """Simulated on CPU: the errors torch raises on a GPU (torch.OutOfMemoryError; NCCL's watchdog timeout,
+    which reaches the main thread as DistBackendError with TORCH_NCCL_ASYNC_ERROR_HANDLING=2, set by every
+    run that makes an NCCL group) reach the same one-line exits as on a GPU cluster."""
+    code = train_here(tmp_path, fake_cifar_session, "--trainer.logger", "false", "--test_after_fit", "false",
+                      "--trainer.callbacks+=callbacks.RaiseAtStep",
+                      "--trainer.callbacks.error", error)
+    err = capsys.readouterr().err
+    assert code == status and message in err and "Traceback" not in err, err[-3000:]
+
+
 def test_help_shows_the_exit_table(capsys):
     from vit.commands.train import main
 
@@ -228,3 +246,50 @@ time.sleep(30)
                            "over 2 s: it is stuck"), line
     assert "allow slower steps with a --ddp_timeout over 2." in line
     assert 'File "<string>", line 8 in <module>' in proc.stderr  # the main thread's sleep
+
+
+def test_the_one_wrapper_gives_a_failure_its_line_and_status_and_lets_a_bug_through(capsys):
+    """vit.failures.exit_on_failure, which every command's main runs in: the project's error types print their
+    one line (``stopped:`` for exit 4) and are the exit status; a built-in error, whatever its words, is raised
+    again, with its traceback."""
+    from vit.failures import exit_on_failure
+
+    @exit_on_failure
+    def command(error: BaseException) -> int:
+        raise error
+
+    assert command(exits.CheckpointError("x.ckpt: no such checkpoint file")) == 2
+    assert capsys.readouterr().err == "error: x.ckpt: no such checkpoint file\n"
+    assert command(exits.Stopped("--minutes 1 ran out in section data")) == 4
+    assert capsys.readouterr().err == "stopped: --minutes 1 ran out in section data\n"
+    assert command(exits.TrainingDiverged("training diverged at step 8")) == 3
+    for bug in (ValueError("bad value"), KeyError("label"), RuntimeError("timed out"), FileNotFoundError("x.ckpt")):
+        with pytest.raises(type(bug)) as raised:
+            command(bug)
+        assert raised.value is bug and raised.traceback[-1].name == "command"
+    assert capsys.readouterr().err == "error: training diverged at step 8\n"
+
+
+def test_what_other_code_raises_while_training_is_read_as_the_status_it_means(tmp_path):
+    """vit.failures.line_and_status with a training: jsonargparse's refusal, a full quota and gloo's own error
+    are exits 2, 6 and 5 with their line; the same words from anyone else, or another OSError, are a bug."""
+    import errno
+
+    from jsonargparse import ArgumentError
+
+    from vit.failures import Training, line_and_status
+
+    training = Training(["--config", "smoke"])
+    assert line_and_status(ArgumentError(None, 'Parser key "model.lr":\n  - Given value -1\n  bad')) is None
+    assert line_and_status(ArgumentError(None, 'Parser key "model.lr":\n  - Given value -1\n  bad'), training) == \
+        ('Parser key "model.lr": bad', 2)
+    full = OSError(errno.EDQUOT, "Disk quota exceeded", str(tmp_path / "last.ckpt"))
+    line, status = line_and_status(full, training)
+    assert status == 6 and line == f"the disk quota is exceeded writing {tmp_path / 'last.ckpt'} (EDQUOT: a full " \
+                                   "disk or an exceeded quota, not a bug)."
+    assert line_and_status(OSError(errno.ENOENT, "No such file or directory"), training) is None
+    line, status = line_and_status(RuntimeError("[/src/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
+                                                "[127.0.0.1]:5000"), training)
+    assert status == 5 and line.startswith("process 0: lost the other processes of this run ([/src/gloo/transport/"
+                                           "tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:5000). One of them")
+    assert line_and_status(RuntimeError("Connection closed by peer"), training) is None

@@ -31,7 +31,7 @@ def fashion_mnist_folders(root: Path, out: Path, download: bool = False) -> dict
         raise DatasetError(f"{raw} lacks {', '.join(missing)}: Fashion-MNIST's files (uncompressed), where "
                            f"torchvision's download puts them; pass --download to fetch them")
     if missing:  # torchvision would try every mirror, then raise with its traceback
-        from vit.environment import unreachable
+        from vit.network import unreachable
 
         url = FashionMNIST.mirrors[0] + FashionMNIST.resources[0][0]
         why = unreachable(url, timeout=20)

@@ -9,12 +9,13 @@ import json
 from pathlib import Path
 
 from vit.checkpoints import CheckpointError
+from vit.exits import BadInput
 
 PREFIXES = ("local-dir:", "hf-hub:")
 TIMM_ARCHITECTURE = "vit_base_patch16_224"  # any timm ViT: model_args set every dimension
 
 
-class HubError(RuntimeError):
+class HubError(BadInput):
     """An upload that cannot be made (no token); the message says what to do."""
 
 

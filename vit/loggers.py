@@ -1,5 +1,5 @@
-"""Loggers: Lightning's W&B logger, made never to block on a login prompt, and its CSV logger, made to
-keep a resumed run's metrics."""
+"""Loggers: Lightning's W&B logger, made never to block on a login prompt or a W&B server out of reach (it
+logs offline then: no failure), and its CSV logger, made to keep a resumed run's metrics."""
 
 from __future__ import annotations
 
@@ -7,12 +7,15 @@ import csv
 import logging
 import os
 import sys
+from pathlib import Path
 
 from lightning.pytorch.loggers import CSVLogger as _LightningCSVLogger
 from lightning.pytorch.loggers import WandbLogger as _LightningWandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_info
+
+from vit.network import unreachable
 
 
 class NoNoise(logging.Filter):
@@ -33,12 +36,49 @@ def quiet_lightning() -> None:
         logger.addFilter(NoNoise())
 
 
+def wandb_base_url() -> str:
+    """The W&B server wandb logs to, found as wandb finds it: WANDB_BASE_URL (a self-hosted server), else the
+    server `wandb login --host URL` saved in wandb's settings file (in WANDB_CONFIG_DIR, else
+    ~/.config/wandb), else wandb's default."""
+    url = os.environ.get("WANDB_BASE_URL")
+    if not url:
+        import wandb
+
+        settings = wandb.Settings(silent=True)
+        if hasattr(settings, "update_from_system_settings"):  # (wandb's reader of its settings files; older
+            # wandb has none, and a run there checks its default server)
+            settings.settings_system = str(Path(os.environ.get("WANDB_CONFIG_DIR") or "~/.config/wandb").expanduser()
+                                           / "settings")
+            settings.update_from_system_settings()
+        url = settings.base_url
+    return url.rstrip("/")
+
+
+def wandb_unreachable(timeout: float) -> str | None:
+    """Why the W&B server cannot be reached from here, or None when it answers within ``timeout`` seconds.
+    It is asked what wandb asks it, a GraphQL query (no credentials sent): an answer counts only when it
+    comes from a W&B server — a GraphQL answer, a success, or a 401 for the missing credentials — not a
+    proxy's or gateway's 407, 403 or 5xx."""
+    import json
+
+    url = wandb_base_url()
+
+    def from_wandb(status: int, body: bytes) -> bool:
+        try:
+            answer = json.loads(body)
+        except ValueError:
+            answer = None
+        return isinstance(answer, dict) and ("data" in answer or "errors" in answer) or \
+            200 <= status < 300 or status == 401
+
+    why = unreachable(f"{url}/graphql", timeout, data=b'{"query": "{ __typename }"}', accept=from_wandb)
+    return why and f"{url} {why}"
+
+
 def wandb_credentials_present() -> bool:
     """Whether wandb will find credentials for the W&B server this run logs to (``wandb_base_url``: W&B's, or
     WANDB_BASE_URL's self-hosted one), read as wandb reads them: WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE, or
     the server's entry in the netrc file (NETRC, else ~/.netrc), where `wandb login [--host URL]` writes it."""
-    from vit.environment import wandb_base_url
-
     if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return True
     url = wandb_base_url()
@@ -78,8 +118,6 @@ class WandbLogger(_LightningWandbLogger):
             # wandb's own offline mode (not Lightning's offline=True, which refuses log_model): checkpoint
             # artifacts are kept in the run folder and uploaded by `wandb sync` with the rest
             kwargs["mode"] = "offline"
-            from vit.environment import wandb_base_url
-
             rank_zero_info(f"wandb: no credentials found for {wandb_base_url()} (WANDB_API_KEY, or `wandb login` "
                            "in a netrc file), logging offline; "
                            f"upload later with `wandb sync {kwargs.get('save_dir', '.')}/wandb/offline-run-*`")
@@ -95,8 +133,6 @@ class WandbLogger(_LightningWandbLogger):
         offline = ("offline", "disabled", "dryrun")
         if self._experiment is None and self._wandb_init.get("mode") not in offline \
                 and os.environ.get("WANDB_MODE") not in offline:
-            from vit.environment import wandb_unreachable
-
             reason = wandb_unreachable(self.reach_timeout)
             if reason is not None:
                 self._wandb_init["mode"] = "offline"

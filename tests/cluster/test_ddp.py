@@ -192,7 +192,7 @@ def test_a_process_that_fails_for_a_known_cause_ends_the_others_with_its_line(tm
 GLOO_PAIR = """
 import datetime, os, sys, time
 import torch, torch.distributed as dist
-from vit.commands.train import lost_contact
+from vit.failures import lost_contact
 rank, how = int(sys.argv[1]), sys.argv[2]
 dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=5))
 dist.all_reduce(torch.ones(1))
@@ -213,7 +213,7 @@ def test_gloos_own_errors_are_lost_contact_and_a_bugs_words_are_not(tmp_path):
     anyone else's is not, whatever its words."""
     import torch.distributed as dist
 
-    from vit.commands.train import lost_contact
+    from vit.failures import lost_contact
 
     for how in ("dies", "times out"):
         env = user_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))

@@ -12,6 +12,7 @@ import torch
 from vit.benchmark import checkpoint, classify, data, fast_paths, model, peak, startup, step
 from vit.benchmark.report import write_report
 from vit.benchmark.time_bound import TimeBound, time_bound
+from vit.exits import ConfigError, Stopped
 
 MODULES = {"model": model, "data": data, "peak": peak, "step": step, "fast-paths": fast_paths, "classify": classify,
            "checkpoint": checkpoint, "startup": startup}
@@ -66,9 +67,9 @@ def run(args) -> dict:
     return report
 
 
-class BenchmarkError(Exception):
+class BenchmarkError(ConfigError):
     """A benchmark that cannot run as asked; the message says why (exit 2)."""
 
 
-class StoppedEarly(Exception):
+class StoppedEarly(Stopped):
     """--minutes ran out; the report says which sections remain (exit 4)."""

@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from vit.exits import ConfigError
+from vit.failures import exit_on_failure
+
 parser = argparse.ArgumentParser(prog="vit-benchmark", description=__doc__)
 parser.add_argument("--presets", nargs="+", default=["vit_tiny", "vit_small"])
 parser.add_argument("--batch-size", type=int, default=64)
@@ -34,8 +37,9 @@ parser.add_argument("--minutes", type=float, default=None,
 
 
 
+@exit_on_failure
 def main(argv: list[str] | None = None) -> int:
-    from vit.benchmark.runner import BenchmarkError, StoppedEarly, run
+    from vit.benchmark.runner import run
 
     args = parser.parse_args(argv)
     from vit.results import commit
@@ -43,15 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     commit()  # the code that runs, before anyone edits the tree
     args.argv = sys.argv[1:] if argv is None else argv  # for the record
     if args.minutes is not None and (args.minutes <= 0 or not args.output):
-        print("error: --minutes takes a positive number of minutes, and --output (where the sections done are kept)",
-              file=sys.stderr)
-        return 2
-    try:
-        run(args)
-    except BenchmarkError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except StoppedEarly as e:
-        print(f"stopped: {e}", file=sys.stderr)
-        return 4
+        raise ConfigError("--minutes takes a positive number of minutes, and --output (where the sections done are "
+                          "kept)")
+    run(args)
     return 0

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from vit.checkpoints import CheckpointError
+from vit.exits import ConfigError
+from vit.failures import exit_on_failure
 from vit.images import find_images
 from vit.inference import add_checkpoint_argument, classify_files, load_classifier
 
@@ -59,19 +60,15 @@ def write_output(path: Path, results: list[dict], k: int) -> None:
             writer.writerow([r["image"], *preds, *[""] * (2 * k - len(preds)), r.get("error", "")])
 
 
+@exit_on_failure
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
     if device == "auto":
         device = "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda, but no CUDA device is available", file=sys.stderr)
-        return 2
-    try:
-        clf = load_classifier(args.checkpoint).to(device)
-    except CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise ConfigError("--device cuda, but no CUDA device is available")
+    clf = load_classifier(args.checkpoint).to(device)
     k = min(args.top_k, len(clf.class_names))
     paths = find_images(args.images)
     workers = args.workers if len(paths) > args.batch_size else 0  # a few images: no processes to start

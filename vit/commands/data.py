@@ -15,9 +15,10 @@ import sys
 from pathlib import Path
 
 from vit import cifar
-from vit.exits import DatasetError
+from vit.failures import exit_on_failure
 
 
+@exit_on_failure
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="make data", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -27,16 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--md5", default=cifar.ARCHIVE_MD5, help="the archive's md5 (the official one's by default)")
     args = p.parse_args(argv)
     folder = args.root / cifar.FOLDER
-    try:
-        fetched = not cifar.is_complete(folder)
-        if fetched:
-            cifar.download(args.root, args.url, args.md5)
-        classes = cifar.read_meta(folder / cifar.META_FILE)
-        train = len(cifar.read_split(folder, cifar.TRAIN_FILES, len(classes))[1])
-        test = len(cifar.read_split(folder, [cifar.TEST_FILE], len(classes))[1])
-    except DatasetError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    fetched = not cifar.is_complete(folder)
+    if fetched:
+        cifar.download(args.root, args.url, args.md5)
+    classes = cifar.read_meta(folder / cifar.META_FILE)
+    train = len(cifar.read_split(folder, cifar.TRAIN_FILES, len(classes))[1])
+    test = len(cifar.read_split(folder, [cifar.TEST_FILE], len(classes))[1])
     how = f"downloaded from {args.url} (md5 {args.md5} checked)" if fetched else "already there"
     print(f"{folder}: {how}; {train:,} training and {test:,} test images of {len(classes)} classes read back")
     return 0

@@ -15,7 +15,8 @@ import os
 import sys
 from pathlib import Path
 
-from vit.checkpoints import CheckpointError
+from vit.exits import MissingExtra
+from vit.failures import exit_on_failure
 from vit.images import find_images
 from vit.inference import add_checkpoint_argument, load_classifier
 from vit.rollout import HEAD_FUSIONS
@@ -65,20 +66,16 @@ def build_page(clf, checkpoint: str, examples: list[Path]):
     return page
 
 
+@exit_on_failure
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # offline: no telemetry calls
     try:
         import gradio as gr
     except ImportError:
-        print("error: vit-demo needs Gradio: make install EXTRAS=demo (or pip install 'vit-lightning[demo]')",
-              file=sys.stderr)
-        return 2
-    try:
-        clf = load_classifier(args.checkpoint).to(args.device)
-    except CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise MissingExtra("vit-demo needs Gradio: make install EXTRAS=demo (or pip install 'vit-lightning[demo]')") \
+            from None
+    clf = load_classifier(args.checkpoint).to(args.device)
     examples = find_images([args.examples]) if args.examples else []
     page = build_page(clf, args.checkpoint, examples)
     system_fonts = gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import sys
 from pathlib import Path
 
-from vit.checkpoints import CheckpointError
+from vit.exits import MissingExtra
+from vit.failures import exit_on_failure
 from vit.inference import add_checkpoint_argument, load_classifier
 
 
+@exit_on_failure
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="vit-export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -35,31 +36,26 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--push-to-hub uploads a timm folder: use --format timm")
     missing = [m for m in ("onnx", "onnxscript") if fmt == "onnx" and importlib.util.find_spec(m) is None]
     if missing:  # an optional part: refused before any work, in one line
-        print(f"error: the ONNX export needs {' and '.join(missing)}: make install EXTRAS=onnx "
-              "(or pip install 'vit-lightning[onnx]')", file=sys.stderr)
-        return 2
+        raise MissingExtra(f"the ONNX export needs {' and '.join(missing)}: make install EXTRAS=onnx "
+                           "(or pip install 'vit-lightning[onnx]')")
     from vit import hub
     from vit.export import export_onnx, export_safetensors
 
-    try:
-        classifier = load_classifier(args.checkpoint)
-        if fmt == "timm":
-            from vit.checkpoints import read_checkpoint
-            from vit.runs import run_of
+    classifier = load_classifier(args.checkpoint)
+    if fmt == "timm":
+        from vit.checkpoints import read_checkpoint
+        from vit.runs import run_of
 
-            path = Path(args.checkpoint)
-            hparams = read_checkpoint(path).get("hyper_parameters", {}) if path.suffix == ".ckpt" else {}
-            card = hub.model_card(classifier, path, hparams, run_of(path) if path.is_file() else None,
-                                  args.push_to_hub)
-            args.output.mkdir(parents=True, exist_ok=True)
-            written = hub.export_timm(classifier, args.output, card)
-        else:
-            args.output.parent.mkdir(parents=True, exist_ok=True)
-            written = (export_onnx if fmt == "onnx" else export_safetensors)(classifier, args.output)
-        print("wrote " + ", ".join(map(str, written)))
-        if args.push_to_hub:
-            print(f"uploaded to {hub.push_to_hub(args.output, args.push_to_hub)}")
-    except (CheckpointError, hub.HubError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        path = Path(args.checkpoint)
+        hparams = read_checkpoint(path).get("hyper_parameters", {}) if path.suffix == ".ckpt" else {}
+        card = hub.model_card(classifier, path, hparams, run_of(path) if path.is_file() else None,
+                              args.push_to_hub)
+        args.output.mkdir(parents=True, exist_ok=True)
+        written = hub.export_timm(classifier, args.output, card)
+    else:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        written = (export_onnx if fmt == "onnx" else export_safetensors)(classifier, args.output)
+    print("wrote " + ", ".join(map(str, written)))
+    if args.push_to_hub:
+        print(f"uploaded to {hub.push_to_hub(args.output, args.push_to_hub)}")
     return 0

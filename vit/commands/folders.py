@@ -7,12 +7,12 @@ Exit status: 0 written, 2 the files are missing (without --download) or OUT is n
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from vit.exits import DatasetError
+from vit.failures import exit_on_failure
 
 
+@exit_on_failure
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="vit-folders", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -23,10 +23,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from vit.folders import fashion_mnist_folders
 
-    try:
-        written = fashion_mnist_folders(args.root, args.out, args.download)
-    except DatasetError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    written = fashion_mnist_folders(args.root, args.out, args.download)
     print(f"wrote {args.out}: " + ", ".join(f"{split}/ {n:,} images" for split, n in written.items()))
     return 0

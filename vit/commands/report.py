@@ -12,8 +12,11 @@ from pathlib import Path
 
 from vit import runs
 from vit.commands import train
+from vit.exits import RunError
+from vit.failures import exit_on_failure
 
 
+@exit_on_failure
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -23,7 +26,6 @@ def main(argv: list[str] | None = None) -> int:
     best = sorted((run / runs.CHECKPOINTS).glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime)
     ckpt = best[-1] if best else runs.last_checkpoint(run)
     if not (run / "config.yaml").is_file() or ckpt is None:
-        print(f"error: {run}: not a run folder (it needs config.yaml and checkpoints/)", file=sys.stderr)
-        return 2
+        raise RunError(f"{run}: not a run folder (it needs config.yaml and checkpoints/)")
     return train.main(["test", "--config", str(run / "config.yaml"), "--ckpt_path", str(ckpt),
                        "--trainer.logger", "false", *extra])

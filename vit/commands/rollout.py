@@ -11,7 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from vit.checkpoints import CheckpointError
+from vit.exits import ConfigError
+from vit.failures import exit_on_failure
 from vit.images import ImageError, find_images, load_image
 from vit.inference import add_checkpoint_argument, load_classifier
 from vit.rollout import HEAD_FUSIONS, explain
@@ -35,18 +36,14 @@ def parse_args(argv):
     return args
 
 
+@exit_on_failure
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        clf = load_classifier(args.checkpoint).to(args.device)
-    except CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    clf = load_classifier(args.checkpoint).to(args.device)
     target = None
     if args.label is not None:
         if args.label not in clf.class_names:
-            print(f"error: --class {args.label!r} is not one of {clf.class_names}", file=sys.stderr)
-            return 2
+            raise ConfigError(f"--class {args.label!r} is not one of {clf.class_names}")
         target = clf.class_names.index(args.label)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     failed = False

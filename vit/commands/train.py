@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import shutil
 import sys
 import warnings
@@ -20,14 +19,13 @@ from pathlib import Path
 from typing import Optional
 
 import lightning as L
-from jsonargparse import ActionConfigFile, ArgumentError, DefaultHelpFormatter
+from jsonargparse import ActionConfigFile, DefaultHelpFormatter
 from jsonargparse.typing import PositiveFloat, PositiveInt
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.environments import LightningEnvironment
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from vit import configs, environment, exits, launch, loggers, report, results, runs
+from vit import configs, exits, failures, gpus, launch, loggers, report, results, runs
 from vit.callbacks import LogConfig, run_callbacks
 from vit.guards import StopAfterMinutes, Watchdog
 from vit.progress import ProgressBar
@@ -121,7 +119,7 @@ class ViTCLI(LightningCLI):
     def before_instantiate_classes(self):
         cfg = self.config
         if str(cfg.trainer.accelerator) in ("auto", "gpu", "cuda"):
-            environment.check_gpus_usable()
+            gpus.check_gpus_usable()
         root = Path(cfg.trainer.default_root_dir or Path("runs") / configs.recipe_name(self.argv))
         if self.mode == "test":
             if not cfg.ckpt_path or cfg.ckpt_path == "last":
@@ -158,7 +156,7 @@ class ViTCLI(LightningCLI):
         config = self.config_init.trainer
         kwargs.update(launch.parallelism(config, self.config.ddp_timeout + Watchdog.BACKSTOP))
         if "strategy" in kwargs:
-            environment.nccl_errors_reach_python()  # (before the processes and their group are made)
+            gpus.nccl_errors_reach_python()  # (before the processes and their group are made)
         configured = config.get("callbacks") or []
         configured = configured if isinstance(configured, list) else [configured]
         kwargs["callbacks"] = [*configured, *run_callbacks(config, configured, self.config.step_checkpoint_minutes,
@@ -234,36 +232,6 @@ def test_on_one_process(trainer: L.Trainer, model, datamodule, ckpt: str | None)
     return metrics
 
 
-def condense(message: str) -> str:
-    """jsonargparse explains a bad value of a subclass-typed field as every alternative it tried;
-    keep the reasons that are not about the alternatives, on one line."""
-    lines = [line.strip().removeprefix("- ") for line in message.splitlines()]
-    reasons = [line for line in lines if line and not line.startswith(("Expected a <class 'NoneType'>", "Given value",
-                                                                        "Subtypes:", "Errors:", "Does not validate"))]
-    line = " ".join(r if r.endswith(":") or i == len(reasons) - 1 else r + ";" for i, r in enumerate(reasons)) \
-        or " ".join(message.split())
-    return re.sub(r'Parser key "(\w+)": Problem with given class_path \'[\w.]+\': Parser key "(\w+)"',
-                  r'Parser key "\1.\2"', line)
-
-
-def first_line(e: BaseException) -> str:
-    return next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
-
-
-GLOO_ERROR = re.compile(r"\[[^\]\s]*\bgloo/[^\]\s]+:\d+\] ")  # gloo's errors start with their source line
-
-
-def lost_contact(e: RuntimeError) -> bool:
-    """A rendezvous or collective that timed out, or whose peer went away: torch's DistError (its stores',
-    NCCL's and its sockets' errors), or gloo's own error, which torch 2.14 raises as a plain RuntimeError
-    whose text starts with the place in gloo's source that raised it ("[.../gloo/transport/tcp/pair.cc:561]
-    Connection closed by peer ...", "[.../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting ...").
-    Any other RuntimeError, whatever its words, is a bug: exit 1 with its traceback."""
-    import torch.distributed as dist
-
-    return isinstance(e, dist.DistError) or GLOO_ERROR.match(str(e)) is not None
-
-
 def tell_others(cli: ViTCLI | None, code: int, line: str) -> None:
     """Under DDP, the other processes end with this one's status and line (vit.guards.Watchdog.tell_others)."""
     trainer = getattr(cli, "trainer", None)
@@ -273,8 +241,6 @@ def tell_others(cli: ViTCLI | None, code: int, line: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch
-
     argv = list(sys.argv[1:] if argv is None else argv)
     mode = argv.pop(0) if argv and argv[0] in MODES else "fit"
     quiet_third_party()
@@ -289,28 +255,16 @@ def main(argv: list[str] | None = None) -> int:
             cli.fit()
         else:
             cli.test(str(cli.resume[0]))
-    except (exits.BadInput, ArgumentError, MisconfigurationException) as e:  # ours, jsonargparse's, Lightning's
-        code, message = exits.status_of(exits.BadInput()), condense(str(e))
-    except (exits.TrainingDiverged, exits.Stopped) as e:
-        code, message = exits.status_of(e), str(e)
-    except OSError as e:
-        if not environment.storage_full(e):
-            raise  # a bug, or a failure we do not know: exit 1 with its traceback
-        run = os.environ.get(runs.ENV)
-        code, message = exits.status_of(exits.StorageFull()), environment.storage_message(e, run and Path(run), argv)
-    except torch.OutOfMemoryError as e:
-        code = exits.status_of(exits.OutOfDeviceMemory())
-        message = environment.out_of_memory_message(e, cli and cli.datamodule)
-    except RuntimeError as e:
-        if not lost_contact(e):
+    except Exception as error:  # read, not handled: vit.failures knows the failures; a bug is raised again
+        folder = os.environ.get(runs.ENV)
+        known = failures.line_and_status(error, failures.Training(argv, folder and Path(folder),
+                                                                  cli and cli.datamodule))
+        if known is None:
             raise  # a bug: exit 1 with its traceback
-        rank = rank_zero_only.rank  # every process says it: the one that failed may not be rank 0
-        print(f"error: process {rank}: lost the other processes of this run ({first_line(e)}). One of them died "
-              f"(see its own error above) or they issued different collectives; the run stopped instead of "
-              f"waiting. Resume with --ckpt_path last; allow slower collectives with --ddp_timeout.",
-              file=sys.stderr)
-        code = exits.status_of(exits.LostProcesses())
-        return code
+        message, code = known
+        if code == exits.status_of(exits.LostProcesses()):  # every process says it at once (the one that
+            print(failures.said(message, code), file=sys.stderr)  # failed may not be rank 0); none to tell
+            return code
     else:
         code = 0
         return code
@@ -321,12 +275,12 @@ def main(argv: list[str] | None = None) -> int:
         bug = sys.exc_info()[1]
         if code == 1 and isinstance(bug, Exception):  # under DDP, the others end too, naming it (its traceback
             tell_others(cli, code, f"a bug, whose traceback that process prints: {type(bug).__name__}: "  # follows)
-                                   f"{first_line(bug)}")
+                                   f"{failures.first_line(bug)}")
     # every process fails alike on a bad input, a divergence or a stop (say it once); a full disk or device
     # memory is one process's own
     alike = code in [exits.status_of(e()) for e in (exits.BadInput, exits.TrainingDiverged, exits.Stopped)]
     if rank_zero_only.rank == 0 or not alike:
-        print(f"{'stopped' if code == exits.status_of(exits.Stopped()) else 'error'}: {message}", file=sys.stderr)
+        print(failures.said(message, code), file=sys.stderr)
     tell_others(cli, code, message)  # under DDP, the others end with it, with this line (rank 1's bad input too)
     for run in claimed:
         if run.is_dir() and {p.name for p in run.iterdir()} <= {runs.WANDB_ID}:
