@@ -1,5 +1,7 @@
 """Shared fixtures: small datasets written in CIFAR-10's official on-disk format."""
 
+import logging
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,34 @@ def own_wandb_service(monkeypatch):
     yield
     if "wandb" in sys.modules:
         sys.modules["wandb"].teardown()
+
+
+class _CurrentStderr(logging.StreamHandler):
+    """A stream handler that writes to the sys.stderr of the moment (the running test's capture)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
+def _follow_stderr() -> None:
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        for handler in logging.getLogger(name).handlers:
+            if type(handler) is logging.StreamHandler:
+                handler.__class__ = _CurrentStderr
+
+
+@pytest.fixture(autouse=True)
+def lightning_logs_to_this_tests_stderr():
+    """Lightning adds a stream handler bound to the sys.stderr of its import, which may be the capture of a test
+    that has ended (closed: "--- Logging error ---" in a later test's output): each handler follows sys.stderr."""
+    _follow_stderr()
+    yield
+    _follow_stderr()
 
 
 @pytest.fixture
