@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import ROOT, TEST_LINE, errors_of
+from helpers import ROOT, TEST_LINE, errors_of, load
 
 # The options a sweep sets here, by what they are (the one place their names are written)
 OPTIONS = {
@@ -123,20 +123,24 @@ def test_a_bad_value_from_a_sweep_is_one_line_and_exit_2(macro, tmp_path, monkey
 
 def test_a_sweep_run_trains_end_to_end(tmp_path, fake_cifar_session, monkeypatch):
     """The agent's ${args} command as it starts it: `/usr/bin/env python scripts/train.py ...` in the
-    agent's environment, with the venv's python first on PATH, as an activated venv has it."""
+    agent's environment, with the venv's python first on PATH, as an activated venv has it (progress bar
+    and W&B on: offline, without credentials)."""
     values = {**chosen(RUNS[0]), "data.root": str(fake_cifar_session), "data.val_size": 100,
-              "data.num_workers": 0, "data.batch_size": 50, "trainer.max_epochs": 1}
+              "data.num_workers": 0, "data.batch_size": 50, "trainer.max_epochs": 1, "test_after_fit": False}
     line, env = agent_command(COMMANDS["args"], values, tmp_path, monkeypatch)
+    assert "--test_after_fit=False" in line
     env = {**env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}", "WANDB_SILENT": "true"}
     for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_SERVICE"):
         env.pop(name, None)
     proc = subprocess.run(line, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert re.search(TEST_LINE, proc.stderr), proc.stderr[-2000:]
-    saved = yaml.safe_load((tmp_path / "runs" / "smoke" / "version_0" / "config.yaml").read_text())
+    run = tmp_path / "runs" / "smoke" / "version_0"
+    saved = yaml.safe_load((run / "config.yaml").read_text())
     for key, value in RUNS[0].items():
         assert value_at(saved, OPTIONS[key]) == value, key
-    assert "training on 16-px images" in proc.stderr and "training on 24-px images" in proc.stderr  # its stages ran
+    assert "training on 16-px images" in proc.stderr and "training on 24-px images" in proc.stderr  # its stages
+    assert load(run / "checkpoints" / "last.ckpt")["vit"]["config"]["dim"] == RUNS[0]["dim"]
+    assert not re.search(TEST_LINE, proc.stderr)  # --test_after_fit=False: no test
 
 
 def docs_sweep() -> dict:

@@ -70,7 +70,7 @@ class RecipeFile(ActionConfigFile):
 PARSER_MODE = "python_or_yaml"
 
 
-def load_value(text: str):
+def read_value(text: str):
     """A value of the command line or of a config file: a Python literal when it is one that YAML reads
     otherwise (None, and lists, tuples or dicts: what W&B's sweep agent writes, str() of each value), else
     YAML, as jsonargparse reads it. So --model.ema_decay=None is null, as in Python (a string option given
@@ -139,7 +139,7 @@ class ViTCLI(LightningCLI):
         defaults = configs.default_files(mode, argv)
         import yaml
 
-        set_loader(PARSER_MODE, load_value, exceptions=(yaml.YAMLError,))
+        set_loader(PARSER_MODE, read_value, exceptions=(yaml.YAMLError,))
         super().__init__(ViTClassifier, L.LightningDataModule, subclass_mode_data=True, run=False, args=argv,
                          save_config_callback=LogConfig, save_config_kwargs={"overwrite": True},
                          auto_configure_optimizers=False,
