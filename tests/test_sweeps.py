@@ -129,8 +129,8 @@ def test_a_sweep_run_trains_end_to_end(tmp_path, fake_cifar_session, monkeypatch
               "data.num_workers": 0, "data.batch_size": 50, "trainer.max_epochs": 1, "test_after_fit": False}
     line, env = agent_command(COMMANDS["args"], values, tmp_path, monkeypatch)
     assert "--test_after_fit=False" in line
-    env = {**env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}", "WANDB_SILENT": "true"}
-    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_SERVICE"):
+    env = {**env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"}
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_SERVICE", "WANDB_SILENT"):
         env.pop(name, None)
     proc = subprocess.run(line, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -141,6 +141,10 @@ def test_a_sweep_run_trains_end_to_end(tmp_path, fake_cifar_session, monkeypatch
     assert "training on 16-px images" in proc.stderr and "training on 24-px images" in proc.stderr  # its stages
     assert load(run / "checkpoints" / "last.ckpt")["vit"]["config"]["dim"] == RUNS[0]["dim"]
     assert not re.search(TEST_LINE, proc.stderr)  # --test_after_fit=False: no test
+    # the W&B run is the one the agent named, in the run folder and its checkpoints, and W&B says of no other
+    assert (run / "wandb_id").read_text().strip() == "run3" and list((run / "wandb").glob("offline-run-*-run3"))
+    assert load(run / "checkpoints" / "last.ckpt")["vit"]["wandb_run_id"] == "run3"
+    assert "Ignoring" not in proc.stdout + proc.stderr
 
 
 def docs_sweep() -> dict:

@@ -190,7 +190,8 @@ def resolve(root: Path, ckpt_path: str | None, name: str | None) -> tuple[Path, 
 
 def place_outputs(cfg, run: Path, known_wandb_id: str | None) -> None:
     """Point the Trainer, every logger and every checkpoint callback without a folder at ``run``; W&B
-    logs to the run folder's own W&B run (vit.runs.wandb_id), whichever attempt this is."""
+    logs to the run folder's own W&B run (vit.runs.wandb_id), whichever attempt this is (a W&B sweep's run:
+    the one its agent named)."""
     cfg.trainer.default_root_dir = str(run)
     loggers = cfg.trainer.logger
     for logger in loggers if isinstance(loggers, list) else [loggers]:
@@ -202,7 +203,9 @@ def place_outputs(cfg, run: Path, known_wandb_id: str | None) -> None:
             init.name, init.version = "", ""  # metrics straight into the run folder
         elif logger.class_path.endswith("WandbLogger"):
             init.name = init.get("name") or f"{run.parent.name}/{run.name}"
-            init.id = init.get("id") or wandb_id(run, known_wandb_id)
+            from vit.loggers import sweep_run_id
+
+            init.id = init.get("id") or wandb_id(run, known_wandb_id or sweep_run_id())
     for callback in cfg.trainer.callbacks or []:
         if callback.class_path.endswith("ModelCheckpoint") and not callback.init_args.get("dirpath"):
             callback.init_args.dirpath = str(run / CHECKPOINTS)
