@@ -33,11 +33,6 @@ def quiet_lightning() -> None:
         logger.addFilter(NoNoise())
 
 
-def sweep_run_id() -> str | None:
-    """The W&B run id a W&B sweep's agent gave the run it started (WANDB_RUN_ID beside WANDB_SWEEP_ID), else None."""
-    return os.environ.get("WANDB_RUN_ID") or None if os.environ.get("WANDB_SWEEP_ID") else None
-
-
 def wandb_credentials_present() -> bool:
     """Whether wandb will find credentials for the W&B server this run logs to (``wandb_base_url``: W&B's, or
     WANDB_BASE_URL's self-hosted one), read as wandb reads them: WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE, or
@@ -90,6 +85,8 @@ class WandbLogger(_LightningWandbLogger):
                            f"upload later with `wandb sync {kwargs.get('save_dir', '.')}/wandb/offline-run-*`")
         super().__init__(*args, **kwargs)
         self._wandb_init.pop("anonymous", None)  # wandb warns that the setting has no effect
+        from vit.runs import sweep_run_id
+
         if sweep_run_id():  # a sweep agent's run: W&B takes its id, project and team from the sweep (and warns
             for key in ("id", "project", "entity"):  # of any other given)
                 self._wandb_init.pop(key, None)
