@@ -30,9 +30,17 @@ def path(name: str) -> Path:
     return found
 
 
+def is_settings(value: str) -> bool:
+    """A --config value that holds settings rather than naming a recipe: a mapping written out
+    ('{"model.lr": 0.001}', W&B's sweep agent's ${args_json}) or a JSON file (its ${args_json_file})."""
+    return value.lstrip().startswith("{") or value.endswith(".json")
+
+
 def named_recipes(argv: list[str]) -> list[str]:
-    return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--config", "-c")] + \
+    """The recipes the command line names with --config, in order (settings given to --config name none)."""
+    given = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--config", "-c")] + \
         [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+    return [value for value in given if not is_settings(value)]
 
 
 def recipe_name(argv: list[str]) -> str:

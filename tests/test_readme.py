@@ -54,6 +54,8 @@ NOT_RUN = {
                       "it at toy scale)",
     r"make figures ARGS=\"--plan ": "an experiment of docs/results.md: hours of training",
     r"make (install|wheels)\b": "installs or downloads packages (tests/test_install.py installs from a wheel folder)",
+    r"wandb (login|sweep|agent)\b": "needs a W&B account and its server (tests/test_sweeps.py builds the runs' "
+                                   "commands with the agent's own code, and runs one)",
 }
 
 

@@ -155,6 +155,8 @@ class ImageDataModule(L.LightningDataModule):
             auto_augment: autoaugment, randaugment[-N-M] or trivialaugment (per image, in workers).
         """
         super().__init__()
+        if root is None:  # (jsonargparse lets null through to a data module's str)
+            raise ConfigError("root: give the folder the dataset is in, not null")
         if val_size < 1 if isinstance(val_size, int) else not 0 < val_size < 1:
             raise ConfigError(f"val_size must be a count of images (1 or more) or a fraction in (0, 1), got {val_size}")
         self.root = Path(root)

@@ -123,6 +123,11 @@ class WandbLogger(_LightningWandbLogger):
                            f"upload later with `wandb sync {kwargs.get('save_dir', '.')}/wandb/offline-run-*`")
         super().__init__(*args, **kwargs)
         self._wandb_init.pop("anonymous", None)  # wandb warns that the setting has no effect
+        from vit.runs import sweep_run_id
+
+        if sweep_run_id():  # a sweep agent's run: W&B takes its id, project and team from the sweep (and warns
+            for key in ("id", "project", "entity"):  # of any other given)
+                self._wandb_init.pop(key, None)
         # wandb's service may be another process's, started in another folder (a parent that ran a W&B run
         # passes it on in WANDB_SERVICE), which reads a relative folder from its own: name it whole
         self._wandb_init["dir"] = os.path.abspath(self._wandb_init.get("dir") or ".")

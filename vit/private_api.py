@@ -43,6 +43,12 @@ PRIVATE_USES = (
      "the server it logs to (a self-hosted one's host:port, or the host behind W&B's default URL): wandb's own "
      "reader, as wandb.init uses it, where wandb has one (older versions read the file with requests' public "
      "get_netrc_auth); wandb has no public function that answers without logging in or prompting"),
+    ("tests/test_sweeps.py", "wandb_agent.Agent._command_run", "the sweeps test builds each run's command line with "
+     "W&B's sweep agent's own code, the thing under test: Agent._command_run expands the sweep's command macros "
+     "(${env}, ${interpreter}, ${program}, ${args}, ${args_json}, ${args_json_file}) inline, and no public function "
+     "returns that command (create_sweep_command_args gives the macros' values, not the agent's expansion); the "
+     "test sets _sweep_command as the agent's setup does from the sweep's config, and records AgentProcess's "
+     "command instead of starting it; a test only, not the package"),
     ("vit/benchmark/data.py", "_check_integrity", "the benchmark's torchvision CIFAR10 reads generated files whose md5s "
      "are not the official ones (with _load_meta, overridden); benchmark only"),
 )

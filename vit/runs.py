@@ -46,6 +46,12 @@ def wandb_id(run: Path, known: str | None = None) -> str:
     return path.read_text().strip()
 
 
+def sweep_run_id() -> str | None:
+    """The W&B run id a W&B sweep's agent gave the run it started (WANDB_RUN_ID beside WANDB_SWEEP_ID), else
+    None: that run's folder keeps it (``wandb_id``), and its WandbLogger leaves the id to W&B."""
+    return os.environ.get("WANDB_RUN_ID") or None if os.environ.get("WANDB_SWEEP_ID") else None
+
+
 def saved_step(path: Path) -> tuple[int, float | None] | None:
     """(optimizer steps, the time it was saved when it records one) of a checkpoint, read lazily: torch.load
     with ``mmap`` reads the file's pickle and maps its tensors without reading them, so the cost does not
@@ -190,7 +196,8 @@ def resolve(root: Path, ckpt_path: str | None, name: str | None) -> tuple[Path, 
 
 def place_outputs(cfg, run: Path, known_wandb_id: str | None) -> None:
     """Point the Trainer, every logger and every checkpoint callback without a folder at ``run``; W&B
-    logs to the run folder's own W&B run (vit.runs.wandb_id), whichever attempt this is."""
+    logs to the run folder's own W&B run (vit.runs.wandb_id), whichever attempt this is (a W&B sweep's run:
+    the one its agent named)."""
     cfg.trainer.default_root_dir = str(run)
     loggers = cfg.trainer.logger
     for logger in loggers if isinstance(loggers, list) else [loggers]:
@@ -202,7 +209,7 @@ def place_outputs(cfg, run: Path, known_wandb_id: str | None) -> None:
             init.name, init.version = "", ""  # metrics straight into the run folder
         elif logger.class_path.endswith("WandbLogger"):
             init.name = init.get("name") or f"{run.parent.name}/{run.name}"
-            init.id = init.get("id") or wandb_id(run, known_wandb_id)
+            init.id = init.get("id") or wandb_id(run, known_wandb_id or sweep_run_id())
     for callback in cfg.trainer.callbacks or []:
         if callback.class_path.endswith("ModelCheckpoint") and not callback.init_args.get("dirpath"):
             callback.init_args.dirpath = str(run / CHECKPOINTS)

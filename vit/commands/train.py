@@ -10,6 +10,7 @@ Exit statuses: vit.exits (shown by --help).
 from __future__ import annotations
 
 import argparse
+import ast
 import logging
 import os
 import shutil
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 import lightning as L
-from jsonargparse import ActionConfigFile, DefaultHelpFormatter
+from jsonargparse import ActionConfigFile, DefaultHelpFormatter, get_loader, set_loader
 from jsonargparse.typing import PositiveFloat, PositiveInt
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.environments import LightningEnvironment
@@ -56,18 +57,57 @@ class HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
 
 
 class RecipeFile(ActionConfigFile):
-    """--config NAME|PATH: a recipe of vit.configs by name, or any YAML file."""
+    """--config NAME|PATH|{...}: a recipe of vit.configs by name, any YAML or JSON file, or settings written
+    out as one mapping (W&B's sweep agent's ${args_json}: '{"model.lr": 0.001, ...}')."""
 
     def __call__(self, parser, cfg, values, option_string=None):
-        super().__call__(parser, cfg, str(configs.path(values)), option_string)
+        settings = configs.is_settings(values)
+        super().__call__(parser, cfg, values if settings else str(configs.path(values)), option_string)
+
+
+PARSER_MODE = "python_or_yaml"
+
+
+def read_value(text: str):
+    """A value of the command line or of a config file: a Python literal when it is one that YAML reads
+    otherwise (None, and lists, tuples or dicts: what W&B's sweep agent writes, str() of each value), else
+    YAML, as jsonargparse reads it. So --model.ema_decay=None is null, as in Python (a string option given
+    'None' in quotes keeps the string); every other value means what it means in YAML."""
+    value = ""  # not a Python literal
+    if text.strip() == "None" or text.lstrip().startswith(("[", "(", "{")):  # (not 0,1: YAML's string)
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            pass
+    if value is None or isinstance(value, (list, tuple, dict)) and plain(value):
+        return as_yaml_types(value)
+    return get_loader("yaml")(text)
+
+
+def plain(value) -> bool:
+    """Made of what YAML has too: None, bools, numbers, strings, lists, tuples and dicts of them."""
+    if isinstance(value, (list, tuple)):
+        return all(plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, (str, int, float, bool)) and plain(v) for k, v in value.items())
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def as_yaml_types(value):
+    """Tuples as lists, the types jsonargparse's loaders give."""
+    if isinstance(value, (list, tuple)):
+        return [as_yaml_types(v) for v in value]
+    if isinstance(value, dict):
+        return {k: as_yaml_types(v) for k, v in value.items()}
+    return value
 
 
 def add_run_options(parser) -> None:
     """vit-train's own options beside the Trainer's, the model's and the data's."""
-    parser.add_argument("--ckpt_path", default=None,
+    parser.add_argument("--ckpt_path", type=Optional[str], default=None,
                         help="fit: resume from this checkpoint, or 'last': the newest run's last.ckpt; "
                              "test: the checkpoint to evaluate")
-    parser.add_argument("--run", default=None,
+    parser.add_argument("--run", type=Optional[str], default=None,
                         help="name the run folder under the root (default: the next version_N); "
                              "with --ckpt_path last, the run to resume")
     parser.add_argument("--test_after_fit", type=bool, default=True,
@@ -95,10 +135,14 @@ class ViTCLI(LightningCLI):
     def __init__(self, mode: str, argv: list[str], claimed: list[Path]):
         self.mode, self.argv, self.claimed, self.resume = mode, argv, claimed, None
         defaults = configs.default_files(mode, argv)
+        import yaml
+
+        set_loader(PARSER_MODE, read_value, exceptions=(yaml.YAMLError,))
         super().__init__(ViTClassifier, L.LightningDataModule, subclass_mode_data=True, run=False, args=argv,
                          save_config_callback=LogConfig, save_config_kwargs={"overwrite": True},
                          auto_configure_optimizers=False,
                          parser_kwargs={"exit_on_error": False, "prog": "vit-train", "epilog": exits.text(),
+                                        "parser_mode": PARSER_MODE,
                                         "formatter_class": HelpFormatter,
                                         "description": __doc__.split("\n\n")[0],
                                         "default_config_files": [str(p) for p in defaults]})
@@ -106,7 +150,8 @@ class ViTCLI(LightningCLI):
     def init_parser(self, **kwargs):
         parser = self.parser_class(**kwargs)
         parser.add_argument("-c", "--config", action=RecipeFile,
-                            help=f"a recipe ({', '.join(configs.names())}) or a YAML file; applied over the "
+                            help=f"a recipe ({', '.join(configs.names())}), a YAML or JSON file, or settings as "
+                                 f"one mapping ('{{\"model.lr\": 0.001}}'); applied over the "
                                  f"default recipe {configs.DEFAULT} in order")
         return parser
 
