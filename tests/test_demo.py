@@ -35,8 +35,10 @@ def free_port() -> int:
 
 
 def classify_json(checkpoint: Path, image: Path) -> dict:
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts/classify.py"), "--checkpoint", str(checkpoint),
-                           str(image), "--json", "--top-k", "5"], capture_output=True, text=True, timeout=120)
+    """vit-classify's main() in this process (its command runs as a subprocess in tests/test_classify.py)."""
+    from helpers import run_here
+
+    proc = run_here("classify.py", "--checkpoint", checkpoint, image, "--json", "--top-k", "5")
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout)[0]
 

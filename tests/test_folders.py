@@ -127,7 +127,7 @@ def test_fashion_mnist_files_become_folders_that_train_py_trains_on(tmp_path):
     import subprocess
     import sys
 
-    from helpers import ROOT, TEST_LINE, train
+    from helpers import ROOT, TEST_LINE, run_here, train
     from vit.folders import write_fake_raw
 
     root, out = write_fake_raw(tmp_path / "data", per_class=30, test_per_class=10), tmp_path / "folders"
@@ -150,10 +150,10 @@ def test_fashion_mnist_files_become_folders_that_train_py_trains_on(tmp_path):
                     "--trainer.max_epochs", "1", "--trainer.logger", "false")
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert re.search(TEST_LINE, trained.stderr + trained.stdout).group(1) == "100"
-    again = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    again = run_here("folders.py", *run[2:])  # the refusals: its main() in this process
     assert again.returncode == 2 and again.stderr == f"error: {out} is not empty: give a new folder\n"
     (root / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte").unlink()
-    missing = subprocess.run([*run[:-1], str(tmp_path / "new")], capture_output=True, text=True, timeout=120)
+    missing = run_here("folders.py", *run[2:-1], tmp_path / "new")
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
     assert "lacks t10k-labels-idx1-ubyte" in missing.stderr and "--download" in missing.stderr
 

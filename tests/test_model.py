@@ -215,6 +215,7 @@ def test_initialisation_follows_timm():
 
 
 def test_tiny_model_overfits_random_labels():
+    torch.set_num_threads(1)  # a tiny model's ops: one thread, not two waiting on each other (conftest restores it)
     torch.manual_seed(0)
     x = torch.randn(64, 3, 16, 16)
     y = torch.randint(0, 10, (64,))

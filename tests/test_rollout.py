@@ -107,7 +107,10 @@ def test_rollout_of_a_trained_model_finds_the_patch_that_decides():
     """Thresholds with margin over 12 seeds (model init and data; this test is seed 0), measured on an AMD
     EPYC, 2026-11-23 — worst seed: accuracy 1.00 (> 0.9), rollout at the decisive patch 3.6× the mean
     on the median image (> 2), rollout's argmax on it for 72.5 % of images (> 50 %; chance 6 %),
-    gradient rollout 2.6× its mean there (> 2)."""
+    gradient rollout 2.6× its mean there (> 2). One torch thread: a tiny model's ops are too small to share
+    out, and on a busy machine two threads waiting on each other took 35 times the CPU time (conftest
+    restores the thread count)."""
+    torch.set_num_threads(1)
     torch.manual_seed(0)
     model = vit.VisionTransformer(vit.ViTConfig(image_size=16, patch_size=4, num_classes=4, dim=32, depth=2, heads=2))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -254,7 +254,9 @@ def test_unusable_checkpoints_to_resume_exit_2_and_overwrite_nothing(tmp_path, f
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*"))
 
 
-def test_own_image_folders_with_bad_and_rotated_files_train(tmp_path):
+def test_own_image_folders_with_bad_and_rotated_files_train(tmp_path, capfd, caplog):
+    """vit-train's main() in this process (README's command on image folders runs as a subprocess in
+    tests/test_folders.py)."""
     from PIL import Image
 
     data = tmp_path / "photos"
@@ -264,18 +266,19 @@ def test_own_image_folders_with_bad_and_rotated_files_train(tmp_path):
     exif[0x0112] = 6  # stored sideways, as phones do
     Image.new("RGB", (60, 30), (20, 20, 200)).save(data / "train" / "blue" / "phone.jpg", exif=exif)
     write_bad_files(data / "train" / "red")
-    proc = train(tmp_path, None, "--data", "vit.data.ImageFolderDataModule", "--data.root", str(data),
-                 "--data.batch_size", "8", "--data.num_workers", "2", "--trainer.max_epochs", "2",
-                 "--trainer.logger", "false")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    code = train_here(tmp_path, None, "--data", "vit.data.ImageFolderDataModule", "--data.root", str(data),
+                      "--data.batch_size", "8", "--data.num_workers", "2", "--trainer.max_epochs", "2",
+                      "--trainer.logger", "false")
+    err, out = capfd.readouterr().err, caplog.text  # capfd: the loader workers' stderr too
+    assert code == 0, (err + out)[-3000:]
     run = tmp_path / "runs" / "smoke" / "version_0"
     listed = (run / "bad_files.txt").read_text().splitlines()
     assert sorted(line.split("\t")[0].rsplit("/", 1)[1] for line in listed) == ["empty.png", "notes.png",
                                                                                "truncated.jpg"]
-    assert re.search(r"skipping 3 of 28 images that cannot be read \(all listed in .*bad_files.txt\)", proc.stderr)
-    assert "has no test/ folder: the validation images are used for the test" in proc.stderr
-    assert re.search(r"test on (\d+) images with", proc.stderr).group(1) == str(round(0.1 * 25))  # of the good ones
-    assert "Traceback" not in proc.stderr and "warning: skipping" not in proc.stderr
+    assert re.search(r"skipping 3 of 28 images that cannot be read \(all listed in .*bad_files.txt\)", out)
+    assert "has no test/ folder: the validation images are used for the test" in out
+    assert re.search(r"test on (\d+) images with", out).group(1) == str(round(0.1 * 25))  # of the good ones
+    assert "Traceback" not in err and "warning: skipping" not in err + out
 
 
 def test_finetune_on_own_folders_as_the_docs_say(tmp_path):
