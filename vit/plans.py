@@ -10,10 +10,10 @@ A plan file::
     seeds: [0, 1]              # each run once per seed: NAME-sSEED, --seed_everything SEED (none: one run each)
     minutes: 10                # each run's budget: --trainer.max_time (none: the recipe's)
     resources:                 # what one run gets
-      cpus: 2                  # CPU cores (a SLURM task's --cpus-per-task)
-      gpus: 0                  # GPUs (--gres=gpu:N)
-      memory: 8G               # --mem
-      time: "00:30:00"         # a SLURM task's time limit (--time)
+      cpus: 2                  # CPU cores (a SLURM task's --cpus-per-task; default 1)
+      gpus: 0                  # GPUs (--gres=gpu:N; default 0)
+      memory: 8G               # --mem (default: the cluster's)
+      time: "00:30:00"         # a SLURM task's time limit (--time; default: the cluster's)
       at_once: 1               # on one machine, this many runs at once, one CPU core and one thread each
     runs:                      # the changes, in the table's order
       - name: base
@@ -56,7 +56,7 @@ STOPPED = 4  # vit-train's exit status for a run that stopped where it resumes
 NAME = re.compile(r"[A-Za-z0-9][\w-]*")
 PLAN_KEYS = {"table", "args", "seeds", "minutes", "resources", "runs", "history"}
 RUN_KEYS = {"name", "label", "args", "seeds", "minutes", "data", "commit", "benchmark"}
-RESOURCE_KEYS = {"cpus": 1, "gpus": 0, "memory": "8G", "time": "01:00:00", "at_once": 1}
+RESOURCE_KEYS = {"cpus": 1, "gpus": 0, "memory": None, "time": None, "at_once": 1}  # None: the cluster's default
 DATA = ("cifar", "fashion-mnist")
 
 
@@ -170,9 +170,11 @@ def _resources(value, path: Path) -> dict:
             raise _fail(path, f"resources.{key}", "takes a whole number from 1")
     if type(out["gpus"]) is not int or out["gpus"] < 0:
         raise _fail(path, "resources.gpus", "takes a whole number from 0")
-    if not isinstance(out["memory"], str) or not re.fullmatch(r"\d+[KMGT]?", out["memory"]):
+    if out["memory"] is not None and (not isinstance(out["memory"], str)
+                                      or not re.fullmatch(r"\d+[KMGT]?", out["memory"])):
         raise _fail(path, "resources.memory", "takes an amount as SLURM writes it, e.g. 8G or 16000M")
-    if not isinstance(out["time"], str) or not re.fullmatch(r"(\d+-)?\d+(:\d\d){0,2}", out["time"]):
+    if out["time"] is not None and (not isinstance(out["time"], str)
+                                    or not re.fullmatch(r"(\d+-)?\d+(:\d\d){0,2}", out["time"])):
         raise _fail(path, "resources.time", 'takes a time limit as SLURM writes it, e.g. "01:30:00" or "2-00:00:00"')
     return out
 
@@ -474,8 +476,8 @@ def sbatch_script(plan: Plan, runs_root: Path, data_root: Path, results_dir: Pat
         "#SBATCH --ntasks=1",
         f"#SBATCH --cpus-per-task={r['cpus']}",
         *([f"#SBATCH --gres=gpu:{r['gpus']}"] if r["gpus"] else []),
-        f"#SBATCH --mem={r['memory']}",
-        f"#SBATCH --time={r['time']}",
+        *([f"#SBATCH --mem={r['memory']}"] if r["memory"] else []),
+        *([f"#SBATCH --time={r['time']}"] if r["time"] else []),
         f"#SBATCH --output={out}/slurm-%A_%a.out",
         "set -euo pipefail",
         'echo "task ${SLURM_ARRAY_TASK_ID} of job ${SLURM_ARRAY_JOB_ID} on ${SLURM_JOB_NODELIST}: $(date -Is)"',

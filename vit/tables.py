@@ -209,8 +209,8 @@ def summary(plan: Plan, record_of) -> str:
     for change, jobs in changes.items():
         got = [results.read(record_of(job)) for job in jobs if record_of(job).is_file()]
         label = re.sub(r", seed \d+$", "", jobs[0].label)
-        own = jobs[0].own
-        cells = [label, f"`{shlex.join(own)}`" if own else "the plan's", f"{len(got)} of {len(jobs)}"]
+        own = f"`{shlex.join(jobs[0].own)}`" if jobs[0].own else "the plan's"
+        cells = [label, own + (f" (commit {jobs[0].commit})" if jobs[0].commit else ""), f"{len(got)} of {len(jobs)}"]
         if got:
             cells += [_spread([r["test_top1"] for r in got]), _spread([r["best_val_acc"] for r in got]),
                       _spread([r["epochs"] for r in got], 1), _spread([r["train_images_per_second"] for r in got], 0)]

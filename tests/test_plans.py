@@ -1,0 +1,173 @@
+"""vit-plan: a plan file (a grid of recipe changes × seeds) is checked with one line naming its file and key,
+runs here with every run in one W&B group, becomes one SLURM job array with the plan's resources, and renders
+a table of mean and spread over seeds from the runs' records. Every plan in experiments/ loads."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vit import plans, tables
+from vit.commands.plan import main
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY = ["--config", "smoke", "--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2",
+       "--trainer.max_epochs", "1", "--data.batch_size", "50", "--data.val_size", "100", "--data.num_workers", "0"]
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def tiny_plan(path: Path) -> Path:
+    """A user's plan: 2 changes × 2 seeds of a toy recipe, two runs at once."""
+    return write(path, f"""# weight decay against none, at toy scale
+args: {json.dumps(TOY)}
+seeds: [0, 1]
+resources: {{cpus: 1, at_once: 2}}
+runs:
+  - {{name: base, label: the toy recipe}}
+  - {{name: nowd, label: + no weight decay, args: [--model.weight_decay, 0]}}
+""")
+
+
+def test_every_plan_of_experiments_loads_and_expands_and_fills_a_page_table():
+    every = plans.load_all()
+    assert {p.name for p in every} >= {"cpu", "gpu", "muon-horizon", "cpu-earlier", "fashion-mnist"}
+    shown = {m["table"] for page in tables.pages() for m in tables.BLOCK.finditer(page.read_text())}
+    for plan in every:
+        assert plan.runs and plan.tables() <= shown, plan.path
+        assert plan.path.read_text().startswith("#"), f"{plan.path}: a header comment says what it measures"
+        names = [job.name for job in plan.runs]
+        assert len(set(names)) == len(names)
+        for job in plan.runs:
+            if isinstance(job, plans.Run):
+                assert job.args[:2] == ("--config", job.args[1]) and job.label and job.table == plan.table
+    earlier = plans.load(plans.find("cpu-earlier"))
+    assert [job.name for job in earlier.runs if job.commit] == ["earlier-s0", "earlier-s1"]
+    assert all("2f47865" not in job.label and "2f47865" not in job.name for job in earlier.runs)
+
+
+def test_a_plan_expands_to_seeds_budgets_and_groups_in_its_order(tmp_path):
+    plan = plans.load(write(tmp_path / "grid.yaml", """
+args: [--config, cpu]
+seeds: [0, 1]
+minutes: 10
+resources: {at_once: 2}
+runs:
+  - {name: a}
+  - {name: b, label: + b, args: [--model.mixup, 0.2, --model.tta_flip, true], minutes: 90, seeds: [3]}
+  - {name: bench, benchmark: [--sections, step]}
+"""))
+    assert plan.table == "grid" and [job.name for job in plan.runs] == ["a-s0", "a-s1", "b-s3", "bench"]
+    assert plan.runs[0].args == ("--config", "cpu", "--trainer.max_time", "00:00:10:00", "--seed_everything", "0")
+    assert plan.runs[2].args[2:] == ("--trainer.max_time", "00:01:30:00", "--seed_everything", "3",
+                                     "--model.mixup", "0.2", "--model.tta_flip", "true")
+    assert plan.runs[2].label == "+ b, seed 3" and plan.runs[3].table == "benchmark-grid"
+    assert [[job.name for job in group] for group in plan.groups()] == [["a-s0", "a-s1"], ["b-s3"], ["bench"]]
+
+
+@pytest.mark.parametrize("text, key", [
+    ("runs: [{name: a}]\nsead: [0]\n", "sead"),
+    ("runs: []\n", "runs"),
+    ("runs: [{name: a, arg: [--x]}]\n", "runs[0].arg"),
+    ("runs: [{name: a b}]\n", "runs[0].name"),
+    ("seeds: [0, 0]\nruns: [{name: a}]\n", "seeds"),
+    ("minutes: -1\nruns: [{name: a}]\n", "minutes"),
+    ("resources: {memory: lots}\nruns: [{name: a}]\n", "resources.memory"),
+    ("resources: {gpu: 1}\nruns: [{name: a}]\n", "resources.gpu"),
+    ("resources: {at_once: 0}\nruns: [{name: a}]\n", "resources.at_once"),
+    ("runs: [{name: a, args: [--model.mimetic, [0.7, 0.4]]}]\n", "runs[0].args"),
+    ("runs: [{name: a, benchmark: [], seeds: [0]}]\n", "runs[0].seeds"),
+    ("runs: [{name: a, commit: HEAD}]\n", "runs[0].commit"),
+    ("runs: [{name: a}, {name: a}]\n", "runs"),
+    ("runs: [{name: a}\n", "not YAML"),
+])
+def test_a_bad_plan_file_is_one_line_naming_the_file_and_the_key(tmp_path, capsys, text, key):
+    path = write(tmp_path / "bad.yaml", text)
+    assert main(["show", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: {key}") and err.count("\n") == 1 and "Traceback" not in err
+    assert main(["run", str(tmp_path / "missing.yaml")]) == 2
+    assert "missing.yaml: no such plan file" in capsys.readouterr().err
+
+
+def test_submit_writes_one_job_array_with_the_plans_resources(tmp_path, capsys):
+    plan = write(tmp_path / "sweep.yaml", """# a sweep
+args: [--config, vit_cifar10]
+seeds: [0, 1, 2]
+resources: {cpus: 8, gpus: 1, memory: 32G, time: "02:00:00"}
+runs:
+  - {name: base}
+  - {name: ema, args: [--model.ema_decay, 0.999]}
+""")
+    assert main(["submit", str(plan), "--runs", str(tmp_path / "runs"), "--data-root", str(tmp_path / "data"),
+                 "--dry-run"]) == 0
+    script = tmp_path / "runs" / "sweep" / "sweep.sbatch"
+    text = script.read_text()
+    assert text in capsys.readouterr().out
+    directives = [line for line in text.splitlines() if line.startswith("#SBATCH")]
+    assert directives == ["#SBATCH --job-name=sweep", "#SBATCH --array=0-5", "#SBATCH --ntasks=1",
+                          "#SBATCH --cpus-per-task=8", "#SBATCH --gres=gpu:1", "#SBATCH --mem=32G",
+                          "#SBATCH --time=02:00:00", f"#SBATCH --output={tmp_path}/runs/sweep/slurm-%A_%a.out"]
+    run = text.splitlines()[-1]
+    assert run.startswith(f"exec {sys.executable} {ROOT}/scripts/plan.py run {plan} --index \"${{SLURM_ARRAY_TASK_ID}}\"")
+    assert f"--runs {tmp_path}/runs --data-root {tmp_path}/data" in run
+    # task 5 is the plan's run 5 (vit-plan show numbers them as the array does)
+    assert main(["show", str(plan)]) == 0
+    assert re.search(r"^\s+5  ema-s2: ema, seed 2$", capsys.readouterr().out, re.M)
+    assert main(["run", str(plan), "--index", "6"]) == 2
+    assert "--index 6: the plan has runs 0 to 5" in capsys.readouterr().err
+
+
+def test_a_users_plan_runs_here_in_one_wandb_group_and_its_table_has_mean_and_spread(tmp_path, fake_cifar):
+    """2 changes × 2 seeds at toy scale, W&B on (offline: no credentials), as a user runs it from the shell."""
+    plan = tiny_plan(tmp_path / "wd-grid.yaml")
+    env = {k: v for k, v in os.environ.items() if k not in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_RUN_GROUP")}
+    env.update(WANDB_SILENT="true", PYTHONUNBUFFERED="1")
+
+    def plan_command(*args):
+        return subprocess.run([sys.executable, str(ROOT / "scripts" / "plan.py"), *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=900)
+
+    done = plan_command("run", plan.name, "--data-root", str(fake_cifar))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(re.findall(r"\(core \d+\)", done.stdout)) == 4  # two at a time, a core each
+    runs = tmp_path / "runs" / "wd-grid"
+    for name in ("base-s0", "base-s1", "nowd-s0", "nowd-s1"):
+        record = json.loads((runs / name / "results.json").read_text())
+        seed = name[-1]
+        assert f"--seed_everything {seed}" in record["command"]
+        assert ("--model.weight_decay 0" in record["command"]) == name.startswith("nowd")
+        # the W&B run's own record carries the group: RunRecord.run_group (field 6, a string), the plan's name
+        (wandb_file,) = (runs / name / "wandb").glob("offline-run-*/run-*.wandb")
+        assert b"\x32" + bytes([len("wd-grid")]) + b"wd-grid" in wandb_file.read_bytes(), name
+    table = plan_command("table", plan.name)
+    assert table.returncode == 0, table.stderr
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table.stdout.splitlines()}
+    for label, own in (("the toy recipe", "the plan's"), ("+ no weight decay", "`--model.weight_decay 0`")):
+        row = rows[label]
+        assert row[1] == own and row[2] == "2 of 2"
+        got = [json.loads((runs / f"{'base' if label == 'the toy recipe' else 'nowd'}-s{s}" / "results.json")
+                          .read_text())["test_top1"] for s in (0, 1)]
+        mean, spread = (float(x) for x in row[3].split(" ± "))
+        assert mean == pytest.approx(sum(got) / 2, abs=0.006)
+        assert spread == pytest.approx(abs(got[0] - got[1]) / 2 ** 0.5, abs=0.006)
+    again = plan_command("run", plan.name, "--data-root", str(fake_cifar))  # every run has its record
+    assert again.returncode == 0 and "train.py" not in again.stdout
+
+
+def test_a_table_before_any_run_says_pending_and_a_history_plan_renders_but_does_not_run(tmp_path, capsys):
+    plan = tiny_plan(tmp_path / "grid.yaml")
+    assert main(["table", str(plan), "--runs", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| 0 of 2 | pending | pending | pending | pending |") == 2
+    old = write(tmp_path / "old.yaml", plan.read_text() + "history: true\n")
+    assert main(["run", str(old), "--runs", str(tmp_path / "runs")]) == 2
+    assert "history: a plan kept for its records" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
