@@ -116,8 +116,8 @@ runs:
                           "#SBATCH --cpus-per-task=8", "#SBATCH --gres=gpu:1", "#SBATCH --mem=32G",
                           "#SBATCH --time=02:00:00", f"#SBATCH --output={tmp_path}/runs/sweep/slurm-%A_%a.out"]
     run = text.splitlines()[-1]
-    assert run.startswith(f"exec {sys.executable} {ROOT}/scripts/plan.py run {plan} --index \"${{SLURM_ARRAY_TASK_ID}}\"")
-    assert f"--runs {tmp_path}/runs --data-root {tmp_path}/data" in run
+    assert run == f"exec {sys.executable} {ROOT}/scripts/plan.py run {plan} --runs {tmp_path}/runs --data-root " \
+                  f"{tmp_path}/data --index \"${{SLURM_ARRAY_TASK_ID}}\""
     # task 5 is the plan's run 5 (vit-plan show numbers them as the array does)
     assert main(["show", str(plan)]) == 0
     assert re.search(r"^\s+5  ema-s2: ema, seed 2$", capsys.readouterr().out, re.M)
@@ -171,3 +171,14 @@ def test_a_table_before_any_run_says_pending_and_a_history_plan_renders_but_does
     assert main(["run", str(old), "--runs", str(tmp_path / "runs")]) == 2
     assert "history: a plan kept for its records" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_plan_of_docs_experiments_is_the_example_file_and_expands_to_its_runs():
+    page = (ROOT / "docs" / "experiments.md").read_text()
+    example = ROOT / "experiments" / "examples" / "weight-decay.yaml"
+    (shown,) = re.findall(r"```yaml\n(.*?)```", page, re.S)
+    assert shown == example.read_text()
+    plan = plans.load(example)
+    assert len(plan.runs) == 9 == 3 * 3 and "its 9 runs" in page
+    assert plan.runs[-1].args == ("--config", "cpu", "--trainer.max_time", "00:00:10:00", "--seed_everything", "2",
+                                  "--model.weight_decay", "0.025")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+ARRAY_TASK = "SLURM_ARRAY_TASK_ID"  # a job array's task id: vit-plan's array script runs the plan's run of that index
+
 
 def slurm_job() -> str | None:
     """The id of the SLURM batch job this process is a task of (Lightning's own test: srun's

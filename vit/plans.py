@@ -49,6 +49,7 @@ import yaml
 
 from vit import results
 from vit.exits import ConfigError
+from vit.launch import ARRAY_TASK
 
 REPO = results.REPO
 EXPERIMENTS = REPO / "experiments"  # the plans of README's and docs/' tables (a checkout's, not the package's)
@@ -463,8 +464,8 @@ def sbatch_script(plan: Plan, runs_root: Path, data_root: Path, results_dir: Pat
     """One SLURM job array for the plan: task i runs the plan's run i alone, with the resources the plan names."""
     r = plan.resources
     out = runs_root.resolve() / plan.table
-    command = [*program(REPO, "plan"), "run", str(plan.path.resolve()), "--index", "${SLURM_ARRAY_TASK_ID}",
-               "--runs", str(runs_root.resolve()), "--data-root", str(data_root.resolve())]
+    command = [*program(REPO, "plan"), "run", str(plan.path.resolve()), "--runs", str(runs_root.resolve()),
+               "--data-root", str(data_root.resolve())]
     if results_dir is not None:
         command += ["--results", str(results_dir.resolve())]
     lines = [
@@ -480,8 +481,7 @@ def sbatch_script(plan: Plan, runs_root: Path, data_root: Path, results_dir: Pat
         *([f"#SBATCH --time={r['time']}"] if r["time"] else []),
         f"#SBATCH --output={out}/slurm-%A_%a.out",
         "set -euo pipefail",
-        'echo "task ${SLURM_ARRAY_TASK_ID} of job ${SLURM_ARRAY_JOB_ID} on ${SLURM_JOB_NODELIST}: $(date -Is)"',
-        "exec " + " ".join(w if w.startswith("${") else shlex.quote(w) for w in command).replace(
-            "${SLURM_ARRAY_TASK_ID}", '"${SLURM_ARRAY_TASK_ID}"'),
+        f'echo "task ${{{ARRAY_TASK}}} of {plan.path.name} on $(hostname): $(date -Is)"',
+        f'exec {shlex.join(command)} --index "${{{ARRAY_TASK}}}"',
     ]
     return "\n".join(lines) + "\n"

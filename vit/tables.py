@@ -108,17 +108,17 @@ def _bench_rows(r: dict) -> list[list[str]]:
         rows.append([f"whole training step, {s['preset']}, batch {s['batch_size']}, {s['dtype']}"
                      + (", compiled" if s.get("compiled") else "") + " (img/s)",
                      f"{n(s['img_s'])} ({s['achieved_tflops']:.3g} TFLOP/s{mfu})", "—", "—", "—"])
-    levers = r.get("levers", [])
-    fp32 = {(v["threads"], v["compiled"]): v["img_s"] for v in levers
+    fast = r.get("levers", [])  # the report's section of the fast paths (its records' key)
+    fp32 = {(v["threads"], v["compiled"]): v["img_s"] for v in fast
             if v["dtype"] == "float32" and v.get("optimizer", "adamw") == "adamw"}
-    muon = {(v["threads"], v["optimizer"]): v["img_s"] for v in levers if v.get("optimizer", "adamw") != "adamw"}
+    muon = {(v["threads"], v["optimizer"]): v["img_s"] for v in fast if v.get("optimizer", "adamw") != "adamw"}
     for (threads, optimizer), img_s in muon.items():
         if optimizer == "muon, NS float32":
             timms = muon[(threads, "muon, NS bfloat16")]
-            rows.append([f"{levers[0]['model']}'s training step with Muon, batch {levers[0]['batch_size']}, {threads} "
+            rows.append([f"{fast[0]['model']}'s training step with Muon, batch {fast[0]['batch_size']}, {threads} "
                          f"thread{'s' * (threads != 1)}: Newton–Schulz in float32 against bfloat16 (timm's) (img/s)",
                          n(img_s), f"bfloat16 {n(timms)}", f"**{img_s / timms:.2f}**", "—"])
-    for v in levers:
+    for v in fast:
         if v.get("optimizer", "adamw") == "adamw" and (v["dtype"] != "float32" or v["compiled"]):
             what = "bf16 autocast" if v["dtype"] != "float32" else "torch.compile"
             rows.append([f"{v['model']}'s training step, batch {v['batch_size']}, {v['threads']} thread"
@@ -184,7 +184,6 @@ def render(text: str, results_dir: Path, base: Path, plans: list[Plan] | None = 
         return m.group(1) + body + m.group(4)
 
     return BLOCK.sub(block, text)
-
 
 
 

@@ -40,7 +40,7 @@ runs:
         out = (runs / "pair" / f"slurm-{job}_{task}.out").read_text(errors="replace")
         assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", out[-3000:]
         assert record["NumCPUs"] == "1"
-        assert f"task {task} of job {job}" in out and "Traceback" not in out
+        assert f"task {task} of pair.yaml" in out and "Traceback" not in out
     for name in ("base-s0", "nowd-s0"):  # each task ran its own run, once
         result = json.loads((runs / "pair" / name / "results.json").read_text())
         assert ("--model.weight_decay 0" in result["command"]) == name.startswith("nowd")
