@@ -182,3 +182,23 @@ def test_the_plan_of_docs_experiments_is_the_example_file_and_expands_to_its_run
     assert len(plan.runs) == 9 == 3 * 3 and "its 9 runs" in page
     assert plan.runs[-1].args == ("--config", "cpu", "--trainer.max_time", "00:00:10:00", "--seed_everything", "2",
                                   "--model.weight_decay", "0.025")
+
+
+def test_a_run_that_stops_where_it_resumes_ends_the_plan_with_exit_4_unless_minutes_asked_for_it(tmp_path):
+    """vit-train's exit 4 (a signal, a time limit): without --minutes the plan stops and says the same
+    command continues; with --minutes (commands bounded on purpose) the next command continues the run."""
+    plan = plans.load(tiny_plan(tmp_path / "grid.yaml"))
+    started = []
+
+    def stopped(jobs, k=0):
+        started.append([job.name for job in jobs])
+        return [plans.STOPPED] * len(jobs)
+
+    runner = plans.Runner(tmp_path / "data", tmp_path / "runs")
+    runner.train_at_once = stopped
+    with pytest.raises(plans.PlanStopped, match="base-s0: vit-train stopped where it resumes"):
+        runner.run_plan(plan)
+    assert started == [["base-s0", "base-s1"]]
+    bounded = plans.Runner(tmp_path / "data", tmp_path / "runs", minutes=5, max_commands=3)
+    bounded.train_at_once = stopped
+    assert bounded.run_plan(plan) is False and started[1:] == [["base-s0", "base-s1"]] * 3

@@ -65,6 +65,11 @@ class PlanFailed(RuntimeError):
     """A run of a plan failed (its own output says why) or could not start; the message says which."""
 
 
+class PlanStopped(RuntimeError):
+    """A run stopped where it resumes (vit-train's exit 4: a signal, a time limit) when no --minutes bound
+    asked for it; the same command continues it."""
+
+
 @dataclass(frozen=True)
 class Run:
     """One training run: ``vit-train`` with ``args``, its record the row ``label`` of ``table``."""
@@ -390,6 +395,9 @@ class Runner:
                     todo.remove(job)
                 elif code != STOPPED:
                     raise PlanFailed(f"{job.table}/{job.name}: vit-train exited {code} (its output is above)")
+                elif self.minutes is None:  # not a command bound of ours: a signal or a time limit stopped it
+                    raise PlanStopped(f"{job.table}/{job.name}: vit-train stopped where it resumes (exit 4, its "
+                                      "output says why): the same command continues it")
         return True
 
     def environment(self, pinned: bool) -> dict[str, str]:

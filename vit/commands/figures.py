@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         except plans_.PlanFailed as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
+        except plans_.PlanStopped as e:
+            print(f"[figures] {e}", file=sys.stderr)
+            return 4
     pages = [args.readme] if args.readme else tables.pages()
     stale = []
     for page in pages:

@@ -26,7 +26,8 @@ that stopped (--ckpt_path last); its record is that folder's results.json. Every
 W&B group, named TABLE.
 
 Exit status: 0 done; 1 a run failed (its own output says why); 2 a bad argument or plan file (one line
-naming the file and the key); 4 stopped by --max-commands: run it again to continue.
+naming the file and the key); 4 a run stopped where it resumes (a signal, a time limit) or --max-commands
+stopped the plan: the same command continues.
 """
 
 from __future__ import annotations
@@ -123,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     except plans.PlanFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except plans.PlanStopped as e:
+        print(f"[plan] {e}", file=sys.stderr)
+        return 4
     return 0
 
 
