@@ -112,12 +112,20 @@ runs:
     text = script.read_text()
     assert text in capsys.readouterr().out
     directives = [line for line in text.splitlines() if line.startswith("#SBATCH")]
-    assert directives == ["#SBATCH --job-name=sweep", "#SBATCH --array=0-5", "#SBATCH --ntasks=1",
+    assert directives == ["#SBATCH --job-name=sweep", "#SBATCH --array=0-5", "#SBATCH --nodes=1", "#SBATCH --ntasks=1",
                           "#SBATCH --cpus-per-task=8", "#SBATCH --gres=gpu:1", "#SBATCH --mem=32G",
-                          "#SBATCH --time=02:00:00", f"#SBATCH --output={tmp_path}/runs/sweep/slurm-%A_%a.out"]
-    run = text.splitlines()[-1]
-    assert run == f"exec {sys.executable} {ROOT}/scripts/plan.py run {plan} --runs {tmp_path}/runs --data-root " \
-                  f"{tmp_path}/data --index \"${{SLURM_ARRAY_TASK_ID}}\""
+                          "#SBATCH --time=02:00:00", "#SBATCH --signal=SIGUSR1@90", "#SBATCH --requeue",
+                          "#SBATCH --open-mode=append", f"#SBATCH --output={tmp_path}/runs/sweep/slurm-%A_%a.out"]
+    assert "export WANDB_RUN_GROUP=sweep\n" in text
+    arms = re.findall(r"^  (\d+)\) cd (\S+) && srun (.*) \|\| status=\$\? ;;$", text, re.M)
+    assert [int(i) for i, _, _ in arms] == list(range(6)) and {cwd for _, cwd, _ in arms} == {str(ROOT)}
+    expanded = plans.load(plan).runs
+    for (_, _, command), job in zip(arms, expanded):  # task i: the plan's run i, as vit-plan run starts it
+        assert command == f"{sys.executable} {ROOT}/scripts/train.py {' '.join(job.args)} --data.root " \
+                          f"{tmp_path}/data --trainer.default_root_dir {tmp_path}/runs/sweep --run {job.name} " \
+                          "--ckpt_path last"
+    assert 'scontrol requeue "${SLURM_JOB_ID}"' in text  # a task stopped by SIGUSR1 (exit 4) continues
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     # task 5 is the plan's run 5 (vit-plan show numbers them as the array does)
     assert main(["show", str(plan)]) == 0
     assert re.search(r"^\s+5  ema-s2: ema, seed 2$", capsys.readouterr().out, re.M)
@@ -202,3 +210,34 @@ def test_a_run_that_stops_where_it_resumes_ends_the_plan_with_exit_4_unless_minu
     bounded = plans.Runner(tmp_path / "data", tmp_path / "runs", minutes=5, max_commands=3)
     bounded.train_at_once = stopped
     assert bounded.run_plan(plan) is False and started[1:] == [["base-s0", "base-s1"]] * 3
+
+
+def test_an_array_task_runs_its_own_run_and_requeues_itself_when_the_run_stopped_where_it_resumes(tmp_path, capsys):
+    """The generated script as SLURM runs it, with srun and scontrol stood in for: task 1 runs the plan's run 1
+    in one step; its exit 4 (SIGUSR1 before a time limit) requeues the task, up to a bound."""
+    plan = write(tmp_path / "two.yaml", "args: [--config, smoke]\nruns: [{name: a}, {name: b}]\n")
+    assert main(["submit", str(plan), "--runs", str(tmp_path / "runs"), "--dry-run"]) == 0
+    capsys.readouterr()
+    script = tmp_path / "runs" / "two" / "two.sbatch"
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    write(bin_ / "srun", f'#!/bin/bash\necho "$WANDB_RUN_GROUP $*" > {tmp_path}/srun.$SLURM_ARRAY_TASK_ID\nexit 4\n')
+    write(bin_ / "scontrol", f'#!/bin/bash\necho "$*" >> {tmp_path}/scontrol\n')
+    for tool in ("srun", "scontrol"):
+        (bin_ / tool).chmod(0o755)
+
+    def task(i: int, restarts: int = 0) -> subprocess.CompletedProcess:
+        env = {"PATH": f"{bin_}:{os.environ['PATH']}", "SLURM_ARRAY_TASK_ID": str(i), "SLURM_JOB_ID": f"7{i}",
+               "SLURM_RESTART_COUNT": str(restarts)}
+        return subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+
+    first = task(1)
+    assert first.returncode == 4 and "requeueing task 1 (job 71)" in first.stdout
+    group, *command = (tmp_path / "srun.1").read_text().split()
+    assert group == "two" and command[command.index("--run") + 1] == "b" and not (tmp_path / "srun.0").exists()
+    assert (tmp_path / "scontrol").read_text() == "requeue 71\n"
+    last = task(1, restarts=20)
+    assert last.returncode == 4 and "not requeueing task 1: requeued 20 times" in last.stdout
+    assert (tmp_path / "scontrol").read_text() == "requeue 71\n"
+    beyond = task(2)
+    assert beyond.returncode == 2 and "task 2: two.yaml has runs 0 to 1" in beyond.stderr

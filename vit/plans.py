@@ -49,7 +49,7 @@ import yaml
 
 from vit import results
 from vit.exits import ConfigError
-from vit.launch import ARRAY_TASK
+from vit.launch import array_script
 
 REPO = results.REPO
 EXPERIMENTS = REPO / "experiments"  # the plans of README's and docs/' tables (a checkout's, not the package's)
@@ -468,28 +468,38 @@ def make_quick_data(root: Path) -> Path:
 
 
 # --- SLURM -------------------------------------------------------------------------------------------------
-def sbatch_script(plan: Plan, runs_root: Path, data_root: Path, results_dir: Path | None = None) -> str:
-    """One SLURM job array for the plan: task i runs the plan's run i alone, with the resources the plan names."""
+def sbatch_script(plan: Plan, runner: Runner) -> str:
+    """One SLURM job array for the plan: task i runs the plan's run i alone (its vit-train or vit-benchmark
+    command, as ``runner`` would start it here), with the resources the plan names. What the runs need is
+    made now, on the machine that submits (a commit's checkout, Fashion-MNIST's folders)."""
     r = plan.resources
-    out = runs_root.resolve() / plan.table
-    command = [*program(REPO, "plan"), "run", str(plan.path.resolve()), "--runs", str(runs_root.resolve()),
-               "--data-root", str(data_root.resolve())]
-    if results_dir is not None:
-        command += ["--results", str(results_dir.resolve())]
+    out = runner.runs_root / plan.table
+    commands = []
+    for job in plan.runs:
+        if isinstance(job, Benchmark):
+            command, where = runner.benchmark_command(job, runner.own_record(job)), REPO
+        else:
+            command, where = runner.train_command(job), runner.tree(job)
+        prefix = f"cd {shlex.quote(str(where))} && " + (
+            f"PYTHONPATH={shlex.quote(str(where))}${{PYTHONPATH:+:$PYTHONPATH}} " if getattr(job, "commit", None) else "")
+        commands.append(f"{prefix}srun {shlex.join(command)} || status=$?")
     lines = [
         "#!/bin/bash",
-        f"# {plan.path.name}: its {len(plan.runs)} runs as one SLURM job array, task i running the plan's run i",
-        f"# (written by vit-plan submit; `vit-plan table {plan.path}` renders their table when they are done)",
+        f"# {plan.path}: its {len(plan.runs)} runs as one SLURM job array, task i running the plan's run i",
+        "# (`vit-plan show` numbers them), each in one W&B group; written by vit-plan submit. When they are done:",
+        f"#   vit-plan table {shlex.quote(str(plan.path))} --runs {shlex.quote(str(runner.runs_root))}",
         f"#SBATCH --job-name={plan.table}",
         f"#SBATCH --array=0-{len(plan.runs) - 1}",
-        "#SBATCH --ntasks=1",
+        "#SBATCH --nodes=1",
+        f"#SBATCH --ntasks={max(1, r['gpus'])}",
         f"#SBATCH --cpus-per-task={r['cpus']}",
         *([f"#SBATCH --gres=gpu:{r['gpus']}"] if r["gpus"] else []),
         *([f"#SBATCH --mem={r['memory']}"] if r["memory"] else []),
         *([f"#SBATCH --time={r['time']}"] if r["time"] else []),
+        "#SBATCH --signal=SIGUSR1@90",
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",
         f"#SBATCH --output={out}/slurm-%A_%a.out",
-        "set -euo pipefail",
-        f'echo "task ${{{ARRAY_TASK}}} of {plan.path.name} on $(hostname): $(date -Is)"',
-        f'exec {shlex.join(command)} --index "${{{ARRAY_TASK}}}"',
+        f"export WANDB_RUN_GROUP={shlex.quote(plan.table)}",
     ]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + array_script(plan.path.name, commands)

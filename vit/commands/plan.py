@@ -6,7 +6,8 @@ over seeds from the runs' own records.
     vit-plan run my-sweep.yaml                   run them here, one after the other (resources.at_once: a few
                                                  at once, one CPU core each); a run with a record is skipped
     vit-plan submit my-sweep.yaml                one SLURM job array, one task per run, each with the plan's
-                                                 resources: writes RUNS/TABLE/TABLE.sbatch, prints it, sbatch
+                                                 resources: writes RUNS/TABLE/TABLE.sbatch, prints it, sbatch;
+                                                 a task stopped by a time limit requeues and continues
     vit-plan submit my-sweep.yaml --dry-run      only write and print the script
     vit-plan table my-sweep.yaml                 mean ± standard deviation over seeds, and n, per change
 
@@ -60,9 +61,10 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--runs", type=Path, default=Path("runs"), help="where the runs' folders go (default: runs)")
         p.add_argument("--data-root", type=Path, default=Path("data"),
                        help="the data root every run trains on (--data.root; default: data)")
-        p.add_argument("--results", type=Path, default=None,
-                       help="also copy each run's record to RESULTS/TABLE/NAME.json (a run with one there is skipped)")
         if name == "run":
+            p.add_argument("--results", type=Path, default=None,
+                           help="also copy each run's record to RESULTS/TABLE/NAME.json (a run with one there is "
+                                "skipped)")
             p.add_argument("--index", type=int, default=None,
                            help="run only the plan's run INDEX (vit-plan show numbers them; a job array's task id)")
             p.add_argument("--max-commands", type=int, default=None, help="stop after this many commands (exit 4)")
@@ -133,9 +135,10 @@ def main(argv: list[str] | None = None) -> int:
 def submit(plan, args) -> int:
     from vit import plans
 
-    script = args.runs.resolve() / plan.table / f"{plan.table}.sbatch"
+    runner = plans.Runner(args.data_root.resolve(), args.runs.resolve())
+    script = runner.runs_root / plan.table / f"{plan.table}.sbatch"
     script.parent.mkdir(parents=True, exist_ok=True)
-    script.write_text(plans.sbatch_script(plan, args.runs, args.data_root, args.results))
+    script.write_text(plans.sbatch_script(plan, runner))
     print(f"[plan] {script}:\n{script.read_text()}", end="", flush=True)
     if args.dry_run:
         return 0
