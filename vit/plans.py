@@ -485,9 +485,9 @@ def sbatch_script(plan: Plan, runner: Runner) -> str:
         commands.append(f"{prefix}srun {shlex.join(command)} || status=$?")
     lines = [
         "#!/bin/bash",
-        f"# {plan.path}: its {len(plan.runs)} runs as one SLURM job array, task i running the plan's run i",
+        f"# {plan.path.resolve()}: its {len(plan.runs)} runs as one SLURM job array, task i running the plan's run i",
         "# (`vit-plan show` numbers them), each in one W&B group; written by vit-plan submit. When they are done:",
-        f"#   vit-plan table {shlex.quote(str(plan.path))} --runs {shlex.quote(str(runner.runs_root))}",
+        f"#   vit-plan table {shlex.quote(str(plan.path.resolve()))} --runs {shlex.quote(str(runner.runs_root))}",
         f"#SBATCH --job-name={plan.table}",
         f"#SBATCH --array=0-{len(plan.runs) - 1}",
         "#SBATCH --nodes=1",
