@@ -174,7 +174,7 @@ def test_a_long_run_is_measured_in_commands_that_continue_it(tmp_path):
 @pytest.mark.long
 def test_quick_runs_every_run_of_every_plan(tmp_path):
     readme, common = quick_readme(tmp_path)
-    again = run_figures(*common)  # --quick: every plan of experiments/
+    again = run_figures(*common, timeout=3600)  # --quick: every plan of experiments/ (about 60 toy runs)
     assert again.returncode == 0, again.stderr[-3000:]
     every = plans.load_all()
     jobs = [job for plan in every for job in plan.runs]
