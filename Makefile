@@ -122,8 +122,9 @@ test-cluster: $(VENV)/.installed-dev
 benchmark: install
 	$(BIN)/python scripts/benchmark.py $(ARGS)
 
-# README's figures on this machine (records in results/, README's tables rendered from them):
-# `make figures ARGS="--help"` says how.
+# README's figures on this machine: the plan of experiments/ for this machine (cpu.yaml, or gpu.yaml where
+# CUDA is), its records copied to results/, and the tables of README and docs/ rendered from them;
+# `make figures ARGS="--help"` says how. A plan of your own: scripts/plan.py (docs/experiments.md).
 figures: install
 	$(BIN)/python scripts/figures.py $(ARGS)
 

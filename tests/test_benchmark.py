@@ -107,9 +107,9 @@ def test_a_bounded_benchmark_stops_with_the_sections_left_and_the_same_command_f
 
 def test_records_of_the_fast_paths_render_under_their_earlier_key_too():
     """The fast-paths section's rows were written under "levers" before it had that name: both render alike."""
-    from vit.figures import _bench_rows
+    from vit.tables import _bench_rows
 
-    record = json.loads((ROOT / "results" / "benchmark-cpu-levers" / "levers-muon.json").read_text())
+    record = json.loads((ROOT / "results" / "benchmark-cpu-fast-paths" / "fast-paths-muon.json").read_text())
     rows = _bench_rows(record)
     assert any("Newton–Schulz in float32" in row[0] for row in rows) and any("bf16 autocast" in row[0] for row in rows)
     renamed = {("fast-paths" if k == "levers" else k): v for k, v in record.items()}
@@ -125,7 +125,7 @@ def test_the_training_step_is_shown_beside_the_machines_matmul_peak(tmp_path, mo
 
     from vit.benchmark import peak
     from vit.commands.benchmark import main
-    from vit.figures import _bench_rows
+    from vit.tables import _bench_rows
 
     out = tmp_path / "bench.json"
     assert main(["--quick", "--device", "cpu", "--sections", "step", "--output", str(out)]) == 0

@@ -1,5 +1,5 @@
-"""`make figures`: README's tables are the rendering of the committed records, and every step of every
-plan runs at toy scale on CPU (--quick), a long run continued across commands."""
+"""`make figures`: README's tables are the rendering of the committed records, and every run of every
+plan in experiments/ runs at toy scale on CPU (--quick), a long run continued across commands."""
 
 import json
 import os
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from vit import figures
+from vit import plans, tables
+from vit.exits import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,13 +27,13 @@ def run_figures(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
 def test_the_pages_tables_are_the_rendering_of_the_committed_records():
     """README and docs/*.md: every figures block is its records' rendering, and every record is linked from
     a page, with each figure of its row as the record has it."""
-    pages = {page: page.read_text() for page in figures.pages()}
+    pages = {page: page.read_text() for page in tables.pages()}
     assert {page.name for page in pages} >= {"README.md", "results.md", "speed.md"}
-    tables = set()
+    shown = set()
     for page, text in pages.items():
-        assert figures.render(text, ROOT / "results", page.parent) == text, f"{page}: run `make figures ARGS=--render`"
-        tables |= {m["table"] for m in figures.BLOCK.finditer(text)}
-    assert tables == {job.table for plan in figures.PLANS.values() for step in plan for job in step.jobs}
+        assert tables.render(text, ROOT / "results", page.parent) == text, f"{page}: run `make figures ARGS=--render`"
+        shown |= {m["table"] for m in tables.BLOCK.finditer(text)}
+    assert shown == {table for plan in plans.load_all() for table in plan.tables()}
     records = sorted((ROOT / "results").glob("*/*.json"))
     assert len(records) >= 3
     for path in records:
@@ -51,7 +52,7 @@ def test_render_rewrites_stale_tables_from_the_records(tmp_path):
     readme = tmp_path / "README.md"
     shutil.copytree(ROOT / "results", tmp_path / "results")
     text = (ROOT / "README.md").read_text()
-    block = next(figures.BLOCK.finditer(text))
+    block = next(tables.BLOCK.finditer(text))
     readme.write_text(text.replace(block.group(0), f"<!-- figures: {block['table']} -->\nstale\n<!-- /figures -->"))
     proc = run_figures("--render", "--readme", str(readme), "--results", str(tmp_path / "results"))
     assert proc.returncode == 0, proc.stderr
@@ -60,15 +61,15 @@ def test_render_rewrites_stale_tables_from_the_records(tmp_path):
 
 def test_a_row_without_a_record_is_pending_and_paths_are_not_shown(tmp_path):
     text = "a\n<!-- figures: gpu -->\nstale\n<!-- /figures -->\nb\n"
-    rendered = figures.render(text, tmp_path, tmp_path)
+    rendered = tables.render(text, tmp_path, tmp_path)
     assert "stale" not in rendered and rendered.startswith("a\n") and rendered.endswith("<!-- /figures -->\nb\n")
     rows = [line for line in rendered.splitlines() if line.startswith("| vit_cifar10")]
     assert len(rows) == 2 and all(row.count("pending") == 6 for row in rows) and "`--config vit_cifar10_fast`" in rows[0]
-    assert figures.shown_command("python scripts/train.py --config cpu --data.root /x/y --run a --trainer.default_root_dir "
+    assert tables.shown_command("python scripts/train.py --config cpu --data.root /x/y --run a --trainer.default_root_dir "
                                  "/r --ckpt_path last --stop_after_minutes 9 --seed_everything 1") == \
         "--config cpu --seed_everything 1"
-    with pytest.raises(figures.FiguresError, match="no plan"):
-        figures.render("<!-- figures: nowhere -->\n<!-- /figures -->", tmp_path, tmp_path)
+    with pytest.raises(ConfigError, match="no plan"):
+        tables.render("<!-- figures: nowhere -->\n<!-- /figures -->", tmp_path, tmp_path)
 
 
 def test_a_gpu_row_names_what_decides_its_speed_and_what_its_clock_includes(tmp_path):
@@ -82,7 +83,7 @@ def test_a_gpu_row_names_what_decides_its_speed_and_what_its_clock_includes(tmp_
               "time_to_val_acc": {"0.90": 300.2, "0.93": 520.0}, "commit": "0123456789", "date": "2026-11-25T00:00:00"}
     (tmp_path / "gpu").mkdir()
     (tmp_path / "gpu" / "01-vit_cifar10_fast.json").write_text(json.dumps(record))
-    rendered = figures.render("<!-- figures: gpu -->\n<!-- /figures -->\n", tmp_path, tmp_path)
+    rendered = tables.render("<!-- figures: gpu -->\n<!-- /figures -->\n", tmp_path, tmp_path)
     (row,) = [line for line in rendered.splitlines() if line.startswith("| vit_cifar10_fast")]
     assert "| 1× NVIDIA H100 80GB HBM3 (CUDA 13.0, driver 580.65.06) |" in row
     assert "| 300 s / 520 s / — (the clock includes the first batches of 2 command(s): 61 s) |" in row
@@ -90,8 +91,8 @@ def test_a_gpu_row_names_what_decides_its_speed_and_what_its_clock_includes(tmp_
 
 def quick_readme(tmp_path) -> tuple[Path, list[str]]:
     readme = tmp_path / "README.md"
-    tables = dict.fromkeys(job.table for plan in figures.PLANS.values() for step in plan for job in step.jobs)
-    readme.write_text("".join(f"<!-- figures: {t} -->\n<!-- /figures -->\n" for t in tables))
+    shown = dict.fromkeys(job.table for plan in plans.load_all() for job in plan.runs)
+    readme.write_text("".join(f"<!-- figures: {t} -->\n<!-- /figures -->\n" for t in shown))
     return readme, ["--quick", "--results", str(tmp_path / "results"), "--readme", str(readme)]
 
 
@@ -121,17 +122,16 @@ def test_each_run_is_one_command_unless_minutes_bounds_them(tmp_path):
     from vit import configs
     from vit.commands.figures import main, parser
 
-    plan = figures.PLANS["gpu"]
-    (first,) = plan[0].jobs
-    assert isinstance(first, figures.Run) and first.args == ("--config", "vit_cifar10_fast")
+    jobs = plans.load(plans.find("gpu")).runs
+    first = jobs[0]
+    assert isinstance(first, plans.Run) and first.args == ("--config", "vit_cifar10_fast")
     assert "vit.callbacks.TimeToAccuracy" in configs.path("vit_cifar10_fast").read_text()
-    jobs = [job for step in plan for job in step.jobs]
-    assert any(isinstance(job, figures.Benchmark) for job in jobs)
+    assert any(isinstance(job, plans.Benchmark) for job in jobs)
     assert parser.parse_args([]).minutes is None
-    whole = figures.Runner(tmp_path / "data", tmp_path / "runs", tmp_path / "results")
-    bounded = figures.Runner(tmp_path / "data", tmp_path / "runs", tmp_path / "results", minutes=9)
+    whole = plans.Runner(tmp_path / "data", tmp_path / "runs", tmp_path / "results")
+    bounded = plans.Runner(tmp_path / "data", tmp_path / "runs", tmp_path / "results", minutes=9)
     for job in jobs:
-        if isinstance(job, figures.Run):
+        if isinstance(job, plans.Run):
             command = whole.train_command(job)
             assert "--stop_after_minutes" not in command and command[command.index("--ckpt_path") + 1] == "last"
             command = bounded.train_command(job)
@@ -172,37 +172,38 @@ def test_a_long_run_is_measured_in_commands_that_continue_it(tmp_path):
 
 
 @pytest.mark.long
-def test_quick_runs_every_step_of_every_plan(tmp_path):
+def test_quick_runs_every_run_of_every_plan(tmp_path):
     readme, common = quick_readme(tmp_path)
-    again = run_figures(*common)  # --quick: every plan
+    again = run_figures(*common, timeout=3600)  # --quick: every plan of experiments/ (about 60 toy runs)
     assert again.returncode == 0, again.stderr[-3000:]
-    pinned_jobs = sum(len(step.jobs) for plan in figures.PLANS.values() for step in plan if len(step.jobs) > 1)
-    assert len(re.findall(r"\(core [01]\)", again.stdout)) == pinned_jobs >= 6  # the experiments' pairs, a core each
-    benchmarks = sum(isinstance(job, figures.Benchmark) for plan in figures.PLANS.values() for step in plan for job in step.jobs)
+    every = plans.load_all()
+    jobs = [job for plan in every for job in plan.runs]
+    at_once = sum(len(group) for plan in every for group in plan.groups() if len(group) > 1)
+    assert len(re.findall(r"\(core \d+\)", again.stdout)) == at_once >= 6  # runs at once, a core each
+    benchmarks = sum(isinstance(job, plans.Benchmark) for job in jobs)
     assert benchmarks >= 3  # --quick runs the benchmark once and gives its report to every other benchmark job
     assert again.stdout.count("scripts/benchmark.py") == 1
     assert again.stdout.count("the --quick benchmark's report") == benchmarks - 1
-    for plan in figures.PLANS.values():
-        for step in plan:
-            for job in step.jobs:
-                record = json.loads((tmp_path / "results" / job.table / f"{job.name}.json").read_text())
-                assert record["row"] == job.label and record["commit"]
-                if getattr(job, "commit", None):  # run from its own checkout: its code made the record
-                    assert record["commit"].startswith(job.commit) and record["dirty"] is False
-                if isinstance(job, figures.Run):
-                    assert record["epochs"] == 2 and 0 <= record["test_top1"] <= 100
-                    assert record["recipe"] == job.args[1]
+    for job in jobs:
+        record = json.loads((tmp_path / "results" / job.table / f"{job.name}.json").read_text())
+        assert record["row"] == job.label and record["commit"]
+        if getattr(job, "commit", None):  # run from its own checkout: its code made the record
+            assert record["commit"].startswith(job.commit) and record["dirty"] is False
+        if isinstance(job, plans.Run):
+            assert record["epochs"] == 2 and 0 <= record["test_top1"] <= 100
+            assert record["recipe"] == job.args[1]
     pinned = json.loads((tmp_path / "results" / "muon-horizon" / "muon-10min-s0.json").read_text())
     assert pinned["torch_threads"] == 1 and pinned["cpu_cores"] == 1
     text = readme.read_text()
-    assert "pending" not in text and text.count("](") == sum(len(s.jobs) for p in figures.PLANS.values() for s in p)
+    assert "pending" not in text and text.count("](") == len(jobs)
     assert "time to 90 / 93 / 94 %" in text  # the fast recipe's TimeToAccuracy reached the record
 
 
 def test_each_recipe_header_states_its_measured_figure_as_readme_does():
     """A recipe's header gives the figure of its README row on CIFAR-10 and names the record; one without a
     record says it is pending or not measured yet. (A row on other data is the recipe's, not its header's.)"""
-    for job in [job for job in figures.jobs_of("cpu") + figures.jobs_of("gpu") if job.data == "cifar"]:
+    every = plans.load_all()
+    for job in [job for job in tables.jobs_of("cpu", every) + tables.jobs_of("gpu", every) if job.data == "cifar"]:
         recipe = job.args[job.args.index("--config") + 1]
         header = "\n".join(line for line in (ROOT / "configs" / f"{recipe}.yaml").read_text().splitlines()
                            if line.startswith("#"))
@@ -216,10 +217,9 @@ def test_each_recipe_header_states_its_measured_figure_as_readme_does():
             assert "# Measured: pending" in header, recipe
 
 
-def test_help_names_every_plan_and_how_to_run_it():
-    from vit.commands.figures import parser
+def test_help_says_where_the_plans_are_and_how_to_run_one():
+    from vit.commands.figures import main, parser
 
     text = parser.format_help()
-    assert "--plan PLAN" in text
-    for plan in figures.PLANS:  # the epilog is not rewrapped: one line per plan
-        assert plan in ("cpu", "gpu") or f'make figures ARGS="--plan {plan}"' in text
+    assert "--plan PLAN" in text and "experiments/" in text and 'make figures ARGS="--plan ' in text
+    assert main(["--plan", "no-such-plan", "--check"]) == 2

@@ -25,7 +25,8 @@ def test_wheel_carries_recipes_and_commands(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert {"vit/configs/base.yaml", "vit/configs/smoke.yaml", "vit/configs/cpu.yaml", "vit/commands/train.py"} <= set(names)
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
-    for command in ("vit-train", "vit-classify", "vit-rollout", "vit-export", "vit-benchmark", "vit-report", "vit-figures"):
+    for command in ("vit-train", "vit-classify", "vit-rollout", "vit-export", "vit-benchmark", "vit-report", "vit-figures",
+                    "vit-plan"):
         assert f"{command} = vit.commands." in entry_points
     target = tmp_path / "site"
     install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), str(wheel)],

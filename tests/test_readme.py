@@ -53,6 +53,10 @@ NOT_RUN = {
     r"make figures$": "measures this machine's whole table, for half an hour or more (tests/test_figures.py runs "
                       "it at toy scale)",
     r"make figures ARGS=\"--plan ": "an experiment of docs/results.md: hours of training",
+    r"python scripts/plan\.py run ": "trains the plan's 9 runs of the cpu recipe, 10 minutes each (tests/test_plans.py "
+                                     "runs a plan of 2 changes × 2 seeds at toy scale)",
+    r"python scripts/plan\.py submit (?!.*--dry-run)": "submits a job array to a SLURM cluster (tests/cluster/"
+                                                      "test_plan_slurm.py submits a two-run plan to a one-node cluster)",
     r"make (install|wheels)\b": "installs or downloads packages (tests/test_install.py installs from a wheel folder)",
     r"wandb (login|sweep|agent)\b": "needs a W&B account and its server (tests/test_sweeps.py builds the runs' "
                                    "commands with the agent's own code, and runs one)",
@@ -147,6 +151,8 @@ def rewrite(command: Command, values: dict[str, str]) -> tuple[str, str] | None:
     if command.code == ACTIVATE or argv[:2] == ["rm", "-rf"]:
         return code, ""
     if re.fullmatch(r"make figures ARGS=(--check|--render|--help)", command.code):
+        return code, ""
+    if name == "plan" and (argv[2:3] in (["show"], ["table"]) or "--dry-run" in argv):  # reads, or writes a script
         return code, ""
     if name == "train":
         mode = argv[2:3] if argv[0] == "python" else argv[1:2]

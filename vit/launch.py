@@ -6,6 +6,32 @@ from __future__ import annotations
 
 import os
 
+MAX_REQUEUES = 20  # an array task's requeues before it says how to continue instead (as train.sbatch's default)
+
+
+def array_script(name: str, commands: list[str]) -> str:
+    """The body of a SLURM job array's script (``vit-plan submit``): task i runs ``commands[i]`` (a bash
+    command line) as one step (srun), which gets SIGUSR1 before a time limit or a preemption; a run that
+    stopped there (exit 4) requeues its task, which continues it."""
+    arms = "\n".join(f"  {i}) {command} ;;" for i, command in enumerate(commands))
+    return f"""set -euo pipefail
+echo "task ${{SLURM_ARRAY_TASK_ID}} of {name} (restart ${{SLURM_RESTART_COUNT:-0}}) on $(hostname): $(date -Is)"
+status=0
+case "${{SLURM_ARRAY_TASK_ID}}" in
+{arms}
+  *) echo "task ${{SLURM_ARRAY_TASK_ID}}: {name} has runs 0 to {len(commands) - 1}" >&2; exit 2 ;;
+esac
+if [ "$status" = 4 ]; then  # stopped at a step boundary, saved (SIGUSR1 before a time limit, a preemption)
+  if [ "${{SLURM_RESTART_COUNT:-0}}" -ge {MAX_REQUEUES} ]; then
+    echo "not requeueing task ${{SLURM_ARRAY_TASK_ID}}: requeued {MAX_REQUEUES} times; submit the plan again to continue"
+  else
+    echo "requeueing task ${{SLURM_ARRAY_TASK_ID}} (job ${{SLURM_JOB_ID}}): it resumes from its run folder"
+    scontrol requeue "${{SLURM_JOB_ID}}"
+  fi
+fi
+exit "$status"
+"""
+
 
 def slurm_job() -> str | None:
     """The id of the SLURM batch job this process is a task of (Lightning's own test: srun's

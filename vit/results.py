@@ -1,7 +1,7 @@
 """A run's record, ``results.json`` in its folder: what was measured (test top-1/top-5, best validation
 accuracy, epochs, steps, seconds, images/s) and what made it (recipe, command line, commit, machine,
 versions). Written when the test ends, after ``fit`` and by ``train.py test``; README's results tables
-are rendered from copies of these records (``vit.figures``)."""
+are rendered from copies of these records (``vit.tables``)."""
 
 from __future__ import annotations
 

@@ -1,22 +1,17 @@
 """`vit-figures` / `python scripts/figures.py` (`make figures`): measure the figures of README and docs/ on
 this machine, keep their records in results/, and render the pages' tables from them.
 
-    make figures                                    this machine's plan (cpu, or gpu where CUDA is), then the pages
-    make figures ARGS="--plan muon-horizon"         AdamW against Muon at 10 and 30 minutes (on CPUs)
-    make figures ARGS="--plan cpu-levers"           the cpu recipe against sincos E_pos, linear decay, flip TTA
-    make figures ARGS="--plan cpu-shape"            the cpu recipe against five changes of its own choices
-    make figures ARGS="--plan cpu-mimetic"          mimetic initialisation at two scales, with Muon and AdamW
-    make figures ARGS="--plan cpu-regularisation"   no weight decay, an EMA, the warmup's length
-    make figures ARGS="--plan cpu-round2"           the cpu recipe against its version before float32 Newton–Schulz
-    make figures ARGS="--plan cpu-choices"          its shape, augmentation and resize stages, one change each
-    make figures ARGS="--plan fashion-mnist"        the same two versions on Fashion-MNIST folders
-    make figures ARGS="--plan fashion-workers"      the cpu recipe on those folders with 0 and 2 data workers
-    make figures ARGS="--quick"                     every step of every plan at toy scale on CPU (a test runs it)
-    make figures ARGS="--render"                    only re-render README and docs/ from results/
-    make figures ARGS="--check"                     exit 1 if their tables differ from results/
+    make figures                                  this machine's plan (experiments/cpu.yaml, or gpu.yaml where
+                                                  CUDA is), then the pages
+    make figures ARGS="--plan muon-horizon"       one plan of experiments/ (its header says what it measures)
+    make figures ARGS="--quick"                   every plan at toy scale on CPU, on generated data (a test runs it)
+    make figures ARGS="--render"                  only re-render README and docs/ from results/
+    make figures ARGS="--check"                   exit 1 if their tables differ from results/
 
-A row that has a record in results/ is not measured again, and a run whose folder exists (runs/figures/
-TABLE/ROW) is resumed: to measure a table again, delete both (rm -r results/cpu runs/figures/cpu).
+Each page's block `<!-- figures: TABLE -->` is the table of the plan in experiments/ that fills TABLE,
+rendered from the records in results/TABLE/. A row that has a record there is not measured again, and a
+run whose folder exists (runs/figures/TABLE/ROW) is resumed: to measure a table again, delete both
+(rm -r results/cpu runs/figures/cpu). A plan of your own runs with `vit-plan` (vit-plan --help).
 
 Each training run and each benchmark runs whole, as one command. With --minutes M (where a job's time
 is bounded), each command it runs ends within M minutes instead: a longer training
@@ -25,8 +20,8 @@ benchmark stops with the sections it has not finished, which the next command me
 --minutes). With --max-commands N it stops after N commands (exit 4); the same make figures continues
 where it stopped.
 
-Exit status: 0 done; 1 a step failed (its own output says why) or a page differs (--check);
-2 a bad argument; 4 stopped by --max-commands: run it again to continue.
+Exit status: 0 done; 1 a run failed (its own output says why) or a page differs (--check);
+2 a bad argument or plan file; 4 stopped by --max-commands: run it again to continue.
 """
 
 from __future__ import annotations
@@ -35,13 +30,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from vit.figures import PLANS
-
 parser = argparse.ArgumentParser(prog="vit-figures", description=__doc__.split("\n\n")[0],
                                  epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--plan", action="append",
-                    help=f"one of {', '.join(PLANS)} (default: gpu with CUDA, else cpu; --quick: all); may be given "
-                         "several times")
+                    help="a plan of experiments/ (by name) or a plan file (default: gpu with CUDA, else cpu; "
+                         "--quick: every plan of experiments/); may be given several times")
 parser.add_argument("--data-root", type=Path, default=Path("data"),
                     help="the folder holding cifar-10-batches-py/ and FashionMNIST/ (each downloaded there when "
                          "missing; Fashion-MNIST becomes image folders in fashion-mnist-folders/ there)")
@@ -59,45 +52,75 @@ parser.add_argument("--render", action="store_true", help="measure nothing: rend
 parser.add_argument("--check", action="store_true", help="measure nothing: exit 1 if a page differs from its rendering")
 
 
+def default_plan() -> str:
+    import torch
+
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def quick_dirs(results_dir: Path) -> tuple[Path, Path]:
+    """--quick's data and runs, beside its records (so that the same command continues a stopped run)."""
+    from vit.plans import make_quick_data
+
+    quick = results_dir / ".quick"
+    return make_quick_data(quick / "data"), quick / "runs"  # (the same files each time: rng seed 0)
+
+
 def main(argv: list[str] | None = None) -> int:
-    from vit import figures
+    from vit import plans as plans_, tables
+    from vit.exits import ConfigError
 
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
-    plans = args.plan or (list(figures.PLANS) if args.quick else [figures.default_plan()])
-    unknown = [p for p in plans if p not in figures.PLANS]
-    if unknown:
-        print(f"error: --plan {unknown[0]}: not a plan ({', '.join(figures.PLANS)})", file=sys.stderr)
-        return 2
     if args.minutes is not None and args.minutes <= 0:
         print(f"error: --minutes {args.minutes:g}: takes a positive number of minutes", file=sys.stderr)
         return 2
-    results_dir = args.results or figures.REPO / "results"
+    results_dir = (args.results or plans_.REPO / "results").resolve()
     if args.quick and args.results is None:
         print("error: --quick needs --results DIR (toy records never go into the repository's results/)",
               file=sys.stderr)
         return 2
+    try:
+        every = plans_.load_all()
+        if args.plan:
+            chosen = [plans_.load(plans_.find(p)) for p in args.plan]
+        else:
+            chosen = [p for p in every if not p.history] if args.quick else [plans_.load(plans_.find(default_plan()))]
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if not (args.render or args.check):
-        data, runs = (figures.quick_dirs(results_dir.resolve()) if args.quick else
-                      (args.data_root.resolve(), args.runs.resolve()))
-        runner = figures.Runner(data, runs, results_dir.resolve(), minutes=args.minutes, quick=args.quick,
-                                max_commands=args.max_commands)
+        data, runs = quick_dirs(results_dir) if args.quick else (args.data_root.resolve(), args.runs.resolve())
+        runner = plans_.Runner(data, runs, results_dir, minutes=args.minutes, quick=args.quick,
+                               max_commands=args.max_commands)
         try:
-            done = figures.measure(plans, runner)
-        except figures.FiguresError as e:
+            for plan in chosen:
+                if plan.history:
+                    raise ConfigError(f"{plan.path}: history: a plan kept for its records; it does not run")
+                if not runner.run_plan(plan):
+                    print(f"[figures] stopped after {runner.commands} command(s) (--max-commands): run the same "
+                          f"command again to continue", file=sys.stderr)
+                    return 4
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except plans_.PlanFailed as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
-        if not done:
-            print(f"[figures] stopped after {runner.commands} command(s) (--max-commands): run the same command "
-                  f"again to continue", file=sys.stderr)
+        except plans_.PlanStopped as e:
+            print(f"[figures] {e}", file=sys.stderr)
             return 4
-    pages = [args.readme] if args.readme else figures.pages()
+    pages = [args.readme] if args.readme else tables.pages()
     stale = []
     for page in pages:
         text = page.read_text()
-        rendered = figures.render(text, results_dir.resolve(), page.resolve().parent)
+        try:
+            rendered = tables.render(text, results_dir, page.resolve().parent, every)
+        except ConfigError as e:
+            print(f"error: {page}: {e}", file=sys.stderr)
+            return 2
         if rendered != text:
             stale.append(page)
             if not args.check:
@@ -108,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
               f"run `make figures ARGS=--render`", file=sys.stderr)
         return 1
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

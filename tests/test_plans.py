@@ -1,0 +1,243 @@
+"""vit-plan: a plan file (a grid of recipe changes × seeds) is checked with one line naming its file and key,
+runs here with every run in one W&B group, becomes one SLURM job array with the plan's resources, and renders
+a table of mean and spread over seeds from the runs' records. Every plan in experiments/ loads."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vit import plans, tables
+from vit.commands.plan import main
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY = ["--config", "smoke", "--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2",
+       "--trainer.max_epochs", "1", "--data.batch_size", "50", "--data.val_size", "100", "--data.num_workers", "0"]
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def tiny_plan(path: Path) -> Path:
+    """A user's plan: 2 changes × 2 seeds of a toy recipe, two runs at once."""
+    return write(path, f"""# weight decay against none, at toy scale
+args: {json.dumps(TOY)}
+seeds: [0, 1]
+resources: {{cpus: 1, at_once: 2}}
+runs:
+  - {{name: base, label: the toy recipe}}
+  - {{name: nowd, label: + no weight decay, args: [--model.weight_decay, 0]}}
+""")
+
+
+def test_every_plan_of_experiments_loads_and_expands_and_fills_a_page_table():
+    every = plans.load_all()
+    assert {p.name for p in every} >= {"cpu", "gpu", "muon-horizon", "cpu-earlier", "fashion-mnist"}
+    shown = {m["table"] for page in tables.pages() for m in tables.BLOCK.finditer(page.read_text())}
+    for plan in every:
+        assert plan.runs and plan.tables() <= shown, plan.path
+        assert plan.path.read_text().startswith("#"), f"{plan.path}: a header comment says what it measures"
+        names = [job.name for job in plan.runs]
+        assert len(set(names)) == len(names)
+        for job in plan.runs:
+            if isinstance(job, plans.Run):
+                assert job.args[:2] == ("--config", job.args[1]) and job.label and job.table == plan.table
+    earlier = plans.load(plans.find("cpu-earlier"))
+    assert [job.name for job in earlier.runs if job.commit] == ["earlier-s0", "earlier-s1"]
+    assert all("2f47865" not in job.label and "2f47865" not in job.name for job in earlier.runs)
+
+
+def test_a_plan_expands_to_seeds_budgets_and_groups_in_its_order(tmp_path):
+    plan = plans.load(write(tmp_path / "grid.yaml", """
+args: [--config, cpu]
+seeds: [0, 1]
+minutes: 10
+resources: {at_once: 2}
+runs:
+  - {name: a}
+  - {name: b, label: + b, args: [--model.mixup, 0.2, --model.tta_flip, true], minutes: 90, seeds: [3]}
+  - {name: bench, benchmark: [--sections, step]}
+"""))
+    assert plan.table == "grid" and [job.name for job in plan.runs] == ["a-s0", "a-s1", "b-s3", "bench"]
+    assert plan.runs[0].args == ("--config", "cpu", "--trainer.max_time", "00:00:10:00", "--seed_everything", "0")
+    assert plan.runs[2].args[2:] == ("--trainer.max_time", "00:01:30:00", "--seed_everything", "3",
+                                     "--model.mixup", "0.2", "--model.tta_flip", "true")
+    assert plan.runs[2].label == "+ b, seed 3" and plan.runs[3].table == "benchmark-grid"
+    assert [[job.name for job in group] for group in plan.groups()] == [["a-s0", "a-s1"], ["b-s3"], ["bench"]]
+
+
+@pytest.mark.parametrize("text, key", [
+    ("runs: [{name: a}]\nsead: [0]\n", "sead"),
+    ("runs: []\n", "runs"),
+    ("runs: [{name: a, arg: [--x]}]\n", "runs[0].arg"),
+    ("runs: [{name: a b}]\n", "runs[0].name"),
+    ("seeds: [0, 0]\nruns: [{name: a}]\n", "seeds"),
+    ("minutes: -1\nruns: [{name: a}]\n", "minutes"),
+    ("resources: {memory: lots}\nruns: [{name: a}]\n", "resources.memory"),
+    ("resources: {gpu: 1}\nruns: [{name: a}]\n", "resources.gpu"),
+    ("resources: {at_once: 0}\nruns: [{name: a}]\n", "resources.at_once"),
+    ("runs: [{name: a, args: [--model.mimetic, [0.7, 0.4]]}]\n", "runs[0].args"),
+    ("runs: [{name: a, benchmark: [], seeds: [0]}]\n", "runs[0].seeds"),
+    ("runs: [{name: a, commit: HEAD}]\n", "runs[0].commit"),
+    ("runs: [{name: a}, {name: a}]\n", "runs"),
+    ("runs: [{name: a}\n", "not YAML"),
+])
+def test_a_bad_plan_file_is_one_line_naming_the_file_and_the_key(tmp_path, capsys, text, key):
+    path = write(tmp_path / "bad.yaml", text)
+    assert main(["show", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: {key}") and err.count("\n") == 1 and "Traceback" not in err
+    assert main(["run", str(tmp_path / "missing.yaml")]) == 2
+    assert "missing.yaml: no such plan file" in capsys.readouterr().err
+
+
+def test_submit_writes_one_job_array_with_the_plans_resources(tmp_path, capsys):
+    plan = write(tmp_path / "sweep.yaml", """# a sweep
+args: [--config, vit_cifar10]
+seeds: [0, 1, 2]
+resources: {cpus: 8, gpus: 1, memory: 32G, time: "02:00:00"}
+runs:
+  - {name: base}
+  - {name: ema, args: [--model.ema_decay, 0.999]}
+""")
+    assert main(["submit", str(plan), "--runs", str(tmp_path / "runs"), "--data-root", str(tmp_path / "data"),
+                 "--dry-run"]) == 0
+    script = tmp_path / "runs" / "sweep" / "sweep.sbatch"
+    text = script.read_text()
+    assert text in capsys.readouterr().out
+    directives = [line for line in text.splitlines() if line.startswith("#SBATCH")]
+    assert directives == ["#SBATCH --job-name=sweep", "#SBATCH --array=0-5", "#SBATCH --nodes=1", "#SBATCH --ntasks=1",
+                          "#SBATCH --cpus-per-task=8", "#SBATCH --gres=gpu:1", "#SBATCH --mem=32G",
+                          "#SBATCH --time=02:00:00", "#SBATCH --signal=SIGUSR1@90", "#SBATCH --requeue",
+                          "#SBATCH --open-mode=append", f"#SBATCH --output={tmp_path}/runs/sweep/slurm-%A_%a.out"]
+    assert "export WANDB_RUN_GROUP=sweep\n" in text
+    arms = re.findall(r"^  (\d+)\) cd (\S+) && srun (.*) \|\| status=\$\? ;;$", text, re.M)
+    assert [int(i) for i, _, _ in arms] == list(range(6)) and {cwd for _, cwd, _ in arms} == {str(ROOT)}
+    expanded = plans.load(plan).runs
+    for (_, _, command), job in zip(arms, expanded):  # task i: the plan's run i, as vit-plan run starts it
+        assert command == f"{sys.executable} {ROOT}/scripts/train.py {' '.join(job.args)} --data.root " \
+                          f"{tmp_path}/data --trainer.default_root_dir {tmp_path}/runs/sweep --run {job.name} " \
+                          "--ckpt_path last"
+    assert 'scontrol requeue "${SLURM_JOB_ID}"' in text  # a task stopped by SIGUSR1 (exit 4) continues
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    # task 5 is the plan's run 5 (vit-plan show numbers them as the array does)
+    assert main(["show", str(plan)]) == 0
+    assert re.search(r"^\s+5  ema-s2: ema, seed 2$", capsys.readouterr().out, re.M)
+    assert main(["run", str(plan), "--index", "6"]) == 2
+    assert "--index 6: the plan has runs 0 to 5" in capsys.readouterr().err
+
+
+def test_a_users_plan_runs_here_in_one_wandb_group_and_its_table_has_mean_and_spread(tmp_path, fake_cifar):
+    """2 changes × 2 seeds at toy scale, W&B on (offline: no credentials), as a user runs it from the shell."""
+    plan = tiny_plan(tmp_path / "wd-grid.yaml")
+    env = {k: v for k, v in os.environ.items() if k not in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_RUN_GROUP")}
+    env.update(WANDB_SILENT="true", PYTHONUNBUFFERED="1")
+
+    def plan_command(*args):
+        return subprocess.run([sys.executable, str(ROOT / "scripts" / "plan.py"), *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=900)
+
+    done = plan_command("run", plan.name, "--data-root", str(fake_cifar))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(re.findall(r"\(core \d+\)", done.stdout)) == 4  # two at a time, a core each
+    runs = tmp_path / "runs" / "wd-grid"
+    for name in ("base-s0", "base-s1", "nowd-s0", "nowd-s1"):
+        record = json.loads((runs / name / "results.json").read_text())
+        seed = name[-1]
+        assert f"--seed_everything {seed}" in record["command"]
+        assert ("--model.weight_decay 0" in record["command"]) == name.startswith("nowd")
+        # the W&B run's own record carries the group: RunRecord.run_group (field 6, a string), the plan's name
+        (wandb_file,) = (runs / name / "wandb").glob("offline-run-*/run-*.wandb")
+        assert b"\x32" + bytes([len("wd-grid")]) + b"wd-grid" in wandb_file.read_bytes(), name
+    table = plan_command("table", plan.name)
+    assert table.returncode == 0, table.stderr
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table.stdout.splitlines()}
+    for label, own in (("the toy recipe", "the plan's"), ("+ no weight decay", "`--model.weight_decay 0`")):
+        row = rows[label]
+        assert row[1] == own and row[2] == "2 of 2"
+        got = [json.loads((runs / f"{'base' if label == 'the toy recipe' else 'nowd'}-s{s}" / "results.json")
+                          .read_text())["test_top1"] for s in (0, 1)]
+        mean, spread = (float(x) for x in row[3].split(" ± "))
+        assert mean == pytest.approx(sum(got) / 2, abs=0.006)
+        assert spread == pytest.approx(abs(got[0] - got[1]) / 2 ** 0.5, abs=0.006)
+    again = plan_command("run", plan.name, "--data-root", str(fake_cifar))  # every run has its record
+    assert again.returncode == 0 and "train.py" not in again.stdout
+
+
+def test_a_table_before_any_run_says_pending_and_a_history_plan_renders_but_does_not_run(tmp_path, capsys):
+    plan = tiny_plan(tmp_path / "grid.yaml")
+    assert main(["table", str(plan), "--runs", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| 0 of 2 | pending | pending | pending | pending |") == 2
+    old = write(tmp_path / "old.yaml", plan.read_text() + "history: true\n")
+    assert main(["run", str(old), "--runs", str(tmp_path / "runs")]) == 2
+    assert "history: a plan kept for its records" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_plan_of_docs_experiments_is_the_example_file_and_expands_to_its_runs():
+    page = (ROOT / "docs" / "experiments.md").read_text()
+    example = ROOT / "experiments" / "examples" / "weight-decay.yaml"
+    (shown,) = re.findall(r"```yaml\n(.*?)```", page, re.S)
+    assert shown == example.read_text()
+    plan = plans.load(example)
+    assert len(plan.runs) == 9 == 3 * 3 and "its 9 runs" in page
+    assert plan.runs[-1].args == ("--config", "cpu", "--trainer.max_time", "00:00:10:00", "--seed_everything", "2",
+                                  "--model.weight_decay", "0.025")
+
+
+def test_a_run_that_stops_where_it_resumes_ends_the_plan_with_exit_4_unless_minutes_asked_for_it(tmp_path):
+    """vit-train's exit 4 (a signal, a time limit): without --minutes the plan stops and says the same
+    command continues; with --minutes (commands bounded on purpose) the next command continues the run."""
+    plan = plans.load(tiny_plan(tmp_path / "grid.yaml"))
+    started = []
+
+    def stopped(jobs, k=0):
+        started.append([job.name for job in jobs])
+        return [plans.STOPPED] * len(jobs)
+
+    runner = plans.Runner(tmp_path / "data", tmp_path / "runs")
+    runner.train_at_once = stopped
+    with pytest.raises(plans.PlanStopped, match="base-s0: vit-train stopped where it resumes"):
+        runner.run_plan(plan)
+    assert started == [["base-s0", "base-s1"]]
+    bounded = plans.Runner(tmp_path / "data", tmp_path / "runs", minutes=5, max_commands=3)
+    bounded.train_at_once = stopped
+    assert bounded.run_plan(plan) is False and started[1:] == [["base-s0", "base-s1"]] * 3
+
+
+def test_an_array_task_runs_its_own_run_and_requeues_itself_when_the_run_stopped_where_it_resumes(tmp_path, capsys):
+    """The generated script as SLURM runs it, with srun and scontrol stood in for: task 1 runs the plan's run 1
+    in one step; its exit 4 (SIGUSR1 before a time limit) requeues the task, up to a bound."""
+    plan = write(tmp_path / "two.yaml", "args: [--config, smoke]\nruns: [{name: a}, {name: b}]\n")
+    assert main(["submit", str(plan), "--runs", str(tmp_path / "runs"), "--dry-run"]) == 0
+    capsys.readouterr()
+    script = tmp_path / "runs" / "two" / "two.sbatch"
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    write(bin_ / "srun", f'#!/bin/bash\necho "$WANDB_RUN_GROUP $*" > {tmp_path}/srun.$SLURM_ARRAY_TASK_ID\nexit 4\n')
+    write(bin_ / "scontrol", f'#!/bin/bash\necho "$*" >> {tmp_path}/scontrol\n')
+    for tool in ("srun", "scontrol"):
+        (bin_ / tool).chmod(0o755)
+
+    def task(i: int, restarts: int = 0) -> subprocess.CompletedProcess:
+        env = {"PATH": f"{bin_}:{os.environ['PATH']}", "SLURM_ARRAY_TASK_ID": str(i), "SLURM_JOB_ID": f"7{i}",
+               "SLURM_RESTART_COUNT": str(restarts)}
+        return subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+
+    first = task(1)
+    assert first.returncode == 4 and "requeueing task 1 (job 71)" in first.stdout
+    group, *command = (tmp_path / "srun.1").read_text().split()
+    assert group == "two" and command[command.index("--run") + 1] == "b" and not (tmp_path / "srun.0").exists()
+    assert (tmp_path / "scontrol").read_text() == "requeue 71\n"
+    last = task(1, restarts=20)
+    assert last.returncode == 4 and "not requeueing task 1: requeued 20 times" in last.stdout
+    assert (tmp_path / "scontrol").read_text() == "requeue 71\n"
+    beyond = task(2)
+    assert beyond.returncode == 2 and "task 2: two.yaml has runs 0 to 1" in beyond.stderr

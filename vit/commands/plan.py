@@ -1,0 +1,160 @@
+"""`vit-plan` / `python scripts/plan.py`: run a plan of training runs (a grid of recipe changes × seeds,
+written as a YAML file) on this machine or as one SLURM job array, and render its table of mean and spread
+over seeds from the runs' own records.
+
+    vit-plan show my-sweep.yaml                  the runs it expands to, numbered (a job array's task ids)
+    vit-plan run my-sweep.yaml                   run them here, one after the other (resources.at_once: a few
+                                                 at once, one CPU core each); a run with a record is skipped
+    vit-plan submit my-sweep.yaml                one SLURM job array, one task per run, each with the plan's
+                                                 resources: writes RUNS/TABLE/TABLE.sbatch, prints it, sbatch;
+                                                 a task stopped by a time limit requeues and continues
+    vit-plan submit my-sweep.yaml --dry-run      only write and print the script
+    vit-plan table my-sweep.yaml                 mean ± standard deviation over seeds, and n, per change
+
+A plan file (`vit-plan show --help` has the whole schema):
+
+    # what it measures
+    args: [--config, cpu]                        # the recipe every run starts from (vit-train's arguments)
+    seeds: [0, 1]                                # each run once per seed
+    minutes: 10                                  # each run's budget (--trainer.max_time)
+    resources: {cpus: 2, gpus: 0, memory: 8G, time: "00:30:00"}
+    runs:
+      - {name: base, label: the cpu recipe}
+      - {name: nowd, label: + no weight decay, args: [--model.weight_decay, 0]}
+
+Each run trains in RUNS/TABLE/NAME/ (default runs/TABLE/NAME/, TABLE the file's name), continuing a run
+that stopped (--ckpt_path last); its record is that folder's results.json. Every run of a plan logs to one
+W&B group, named TABLE.
+
+Exit status: 0 done; 1 a run failed (its own output says why); 2 a bad argument or plan file (one line
+naming the file and the key); 4 a run stopped where it resumes (a signal, a time limit) or --max-commands
+stopped the plan: the same command continues.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _parser() -> argparse.ArgumentParser:
+    from vit import plans
+
+    parser = argparse.ArgumentParser(prog="vit-plan", description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{show,run,submit,table}")
+
+    def command(name: str, text: str, **kwargs) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=text, description=text, **kwargs)
+        p.add_argument("plan", help="a plan file (YAML), or the name of one in the repository's experiments/")
+        return p
+
+    command("show", "the runs a plan expands to, numbered, with their arguments", epilog=plans.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name, text in (("run", "run the plan's runs on this machine"),
+                       ("submit", "submit the plan as one SLURM job array, one task per run")):
+        p = command(name, text)
+        p.add_argument("--runs", type=Path, default=Path("runs"), help="where the runs' folders go (default: runs)")
+        p.add_argument("--data-root", type=Path, default=Path("data"),
+                       help="the data root every run trains on (--data.root; default: data)")
+        if name == "run":
+            p.add_argument("--results", type=Path, default=None,
+                           help="also copy each run's record to RESULTS/TABLE/NAME.json (a run with one there is "
+                                "skipped)")
+            p.add_argument("--index", type=int, default=None,
+                           help="run only the plan's run INDEX (vit-plan show numbers them; a job array's task id)")
+            p.add_argument("--max-commands", type=int, default=None, help="stop after this many commands (exit 4)")
+        else:
+            p.add_argument("--dry-run", action="store_true", help="write and print the script; do not call sbatch")
+    p = command("table", "the plan's table: mean ± standard deviation over seeds, and n, for each run")
+    p.add_argument("--runs", type=Path, default=Path("runs"), help="the runs' folders (default: runs)")
+    p.add_argument("--results", type=Path, default=None, help="read the records copied to RESULTS/TABLE/NAME.json instead")
+    return parser
+
+
+def _show(plan) -> str:
+    import shlex
+
+    from vit.plans import Benchmark
+
+    lines = [f"{plan.path}: table {plan.table}, {len(plan.runs)} run(s), W&B group {plan.table}"]
+    for i, job in enumerate(plan.runs):
+        what = "vit-benchmark" if isinstance(job, Benchmark) else "vit-train"
+        commit = f" (commit {job.commit})" if getattr(job, "commit", None) else ""
+        lines.append(f"{i:4d}  {job.name}: {job.label}{commit}\n      {what} {shlex.join(job.args)}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from vit import plans, tables
+    from vit.exits import ConfigError
+
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    try:
+        plan = plans.load(plans.find(args.plan))
+        if args.command == "show":
+            print(_show(plan))
+            return 0
+        if args.command == "table":
+            runner = plans.Runner(Path("data"), args.runs.resolve(), args.results and args.results.resolve())
+            print(f"{plan.path}: mean ± standard deviation over seeds; n: the runs with a record, of those planned")
+            print(tables.summary(plan, runner.record_path), end="")
+            return 0
+        if plan.history:
+            raise ConfigError(f"{plan.path}: history: a plan kept for its records; it does not run")
+        if args.command == "submit":
+            return submit(plan, args)
+        if args.index is not None and not 0 <= args.index < len(plan.runs):
+            raise ConfigError(f"--index {args.index}: the plan has runs 0 to {len(plan.runs) - 1} (vit-plan show)")
+        runner = plans.Runner(args.data_root.resolve(), args.runs.resolve(), args.results and args.results.resolve(),
+                              max_commands=args.max_commands)
+        if not runner.run_plan(plan, args.index):
+            print(f"[plan] stopped after {runner.commands} command(s) (--max-commands): run the same command again "
+                  "to continue", file=sys.stderr)
+            return 4
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except plans.PlanFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except plans.PlanStopped as e:
+        print(f"[plan] {e}", file=sys.stderr)
+        return 4
+    return 0
+
+
+def submit(plan, args) -> int:
+    from vit import plans
+
+    runner = plans.Runner(args.data_root.resolve(), args.runs.resolve())
+    script = runner.runs_root / plan.table / f"{plan.table}.sbatch"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(plans.sbatch_script(plan, runner))
+    print(f"[plan] {script}:\n{script.read_text()}", end="", flush=True)
+    if args.dry_run:
+        return 0
+    if shutil.which("sbatch") is None:
+        print("error: no sbatch here (SLURM's): submit from a login node of the cluster, or use --dry-run to only "
+              "write the script", file=sys.stderr)
+        return 2
+    done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
+    if done.returncode:
+        print(f"error: sbatch refused {script}: {done.stderr.strip()}", file=sys.stderr)
+        return 1
+    job = done.stdout.strip().split(";")[0]
+    print(f"[plan] submitted job array {job}: {len(plan.runs)} task(s); when they are done, "
+          f"`vit-plan table {plan.path}{' --runs ' + str(args.runs) if args.runs != Path('runs') else ''}`")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""Tables rendered from records: the figures blocks of README and docs/ (``<!-- figures: TABLE -->`` …
+``<!-- /figures -->``, one row per run of the plan that fills TABLE, "pending" where it has no record yet),
+and a plan's summary over its seeds (``vit-plan table``)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import statistics
+from pathlib import Path
+
+from vit import results
+from vit.exits import ConfigError
+from vit.plans import REPO, Benchmark, Plan, Run, load_all
+
+BLOCK = re.compile(r"(<!-- figures: (?P<table>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures -->)", re.S)
+HIDDEN = {"--data.root", "--trainer.default_root_dir", "--run", "--ckpt_path", "--stop_after_minutes", "--output",
+          "--minutes"}
+
+
+def jobs_of(table: str, plans: list[Plan]) -> list[Run | Benchmark]:
+    """The table's rows, in its plan's order."""
+    return [job for plan in plans for job in plan.runs if job.table == table]
+
+
+def shown_command(command: str) -> str:
+    """The recorded command without what only places files (data root, run folder, chunking)."""
+    words, shown, skip = shlex.split(command), [], False
+    for word in words[2 if words[:1] == ["python"] else 1:]:
+        if skip:
+            skip = False
+        elif word in HIDDEN:
+            skip = True
+        else:
+            shown.append(word)
+    return shlex.join(shown)
+
+
+def _device(r: dict) -> str:
+    if r.get("device") != r.get("cpu"):
+        versions = ", ".join(f"{label} {r[key]}" for key, label in (("cuda", "CUDA"), ("driver", "driver")) if r.get(key))
+        return f"{r['device_count']}× {r['device']}" + (f" ({versions})" if versions else "")
+    threads, units = r.get("torch_threads"), r.get("cpu_bf16")
+    cpu = r["cpu"] + (f" ({', '.join(units)})" if units else " (no bf16 units)" if units == [] else "")
+    return f"{cpu}, {threads} thread{'s' * (threads != 1)}" if threads else cpu
+
+
+def _provenance(path: Path, r: dict, base: Path) -> str:
+    commit = (r.get("commit") or "no commit")[:7] + ("+dirty" if r.get("dirty") else "")
+    return f"[{path.stem}]({Path(os.path.relpath(path, base)).as_posix()}) `{commit}` {r['date'][:10]}"
+
+
+def render_runs(table: str, results_dir: Path, base: Path, plans: list[Plan]) -> str:
+    jobs = jobs_of(table, plans)
+    records = {job.name: (results_dir / table / f"{job.name}.json") for job in jobs}
+    present = {name: results.read(p) for name, p in records.items() if p.is_file()}
+    timed = any("time_to_val_acc" in r for r in present.values())
+    head = ["run", "command", "device", "epochs", "training", "best val", "test top-1 (top-5)", "train img/s"]
+    head += ["time to 90 / 93 / 94 %"] if timed else []
+    lines = ["| " + " | ".join(head + ["record"]) + " |", "|" + " --- |" * (len(head) + 1)]
+    for job in jobs:
+        r = present.get(job.name)
+        if r is None:
+            cells = [job.label, f"`{shlex.join(job.args)}`"] + ["pending"] * (len(head) - 2) + ["—"]
+        else:
+            reached = r.get("time_to_val_acc", {})
+            cells = [job.label, f"`{shown_command(r['command'])}`", _device(r), f"{r['epochs']:g}",
+                     f"{r['training_seconds'] / 60:.1f} min", f"{r['best_val_acc']:.2f} %",
+                     f"**{r['test_top1']:.2f} %** ({r['test_top5']:.2f} %)", f"{r['train_images_per_second']:,.0f}"]
+            if timed:  # the clock includes each command's first batches, where torch.compile compiles again
+                compiles = f" (the clock includes the first batches of {r['commands']} command(s): " \
+                    f"{r['first_batches_seconds']:.0f} s)" \
+                    if r.get("commands") else ""
+                cells.append(" / ".join(f"{reached[t]:.0f} s" if t in reached else "—" for t in ("0.90", "0.93", "0.94"))
+                             + compiles)
+            cells.append(_provenance(records[job.name], r, base))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _bench_rows(r: dict) -> list[list[str]]:
+    """(what, ours, reference, ratio, target) rows of one benchmark report."""
+    def n(x):
+        return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+    rows = []
+    for m in r.get("model", []):
+        what = f"{m['preset']}, batch {m['batch_size']}, {m['dtype']}" + (", compiled" if m.get("compiled") else "")
+        for mode, name in (("train", "train step"), ("infer", "inference")):
+            rows.append([f"{name}, {what} (img/s)", n(m[f"{mode}_img_s_ours"]), f"timm {n(m[f'{mode}_img_s_timm'])}",
+                         f"**{m[f'{mode}_ratio']:.2f}**", "≥ 1.0"])
+            if f"{mode}_peak_MiB_ours" in m:
+                rows.append([f"{name} peak memory, {what} (MiB)", n(m[f"{mode}_peak_MiB_ours"]),
+                             f"timm {n(m[f'{mode}_peak_MiB_timm'])}",
+                             f"{m[f'{mode}_peak_MiB_ours'] / m[f'{mode}_peak_MiB_timm']:.2f}", "≤ 1.0"])
+    for e in r.get("patch_embedding", []):
+        rows.append([f"patch embedding E fwd+bwd, {e['preset']} (img/s)", f"{n(e['img_s_ours'])} (patchify + Linear)",
+                     f"{n(e['img_s_conv'])} (timm strided conv)", f"**{e['ratio']:.2f}**", "≥ 1.0"])
+    for d in r.get("data", []):
+        rows.append(["data path: crop + flip + normalise (img/s)", f"{n(d['img_s_ours_device'])} (device path)",
+                     f"{n(d['img_s_torchvision'])} (torchvision + PIL, DataLoader)",
+                     f"**{d['ratio_device_vs_torchvision']:.1f}**", "≥ 5"])
+        rows.append(["data path, our worker path (img/s)", n(d["img_s_ours_workers"]), n(d["img_s_torchvision"]),
+                     f"{d['ratio_workers_vs_torchvision']:.2f}", "—"])
+    for s in r.get("step", []):
+        mfu = f", MFU {100 * s['mfu']:.1f} %" if s.get("mfu") else ""
+        peak = r.get("peak") if "peak_fraction" in s else None  # (records before the matmul peak: no fraction)
+        reference, fraction = (f"matmul peak {peak['tflops']:.3g} TFLOP/s ({peak['size']}², {peak['dtype']}, best of "
+                               f"{peak['repeats']})", f"**{s['peak_fraction']:.2f}**") if peak else ("—", "—")
+        rows.append([f"whole training step, {s['preset']}, batch {s['batch_size']}, {s['dtype']}"
+                     + (", compiled" if s.get("compiled") else "") + " (img/s)",
+                     f"{n(s['img_s'])} ({s['achieved_tflops']:.3g} TFLOP/s{mfu})", reference, fraction, "—"])
+    fast = r.get("fast-paths", r.get("levers", []))  # the fast paths section (records before its name: "levers")
+    fp32 = {(v["threads"], v["compiled"]): v["img_s"] for v in fast
+            if v["dtype"] == "float32" and v.get("optimizer", "adamw") == "adamw"}
+    muon = {(v["threads"], v["optimizer"]): v["img_s"] for v in fast if v.get("optimizer", "adamw") != "adamw"}
+    for (threads, optimizer), img_s in muon.items():
+        if optimizer == "muon, NS float32":
+            timms = muon[(threads, "muon, NS bfloat16")]
+            rows.append([f"{fast[0]['model']}'s training step with Muon, batch {fast[0]['batch_size']}, {threads} "
+                         f"thread{'s' * (threads != 1)}: Newton–Schulz in float32 against bfloat16 (timm's) (img/s)",
+                         n(img_s), f"bfloat16 {n(timms)}", f"**{img_s / timms:.2f}**", "—"])
+    for v in fast:
+        if v.get("optimizer", "adamw") == "adamw" and (v["dtype"] != "float32" or v["compiled"]):
+            what = "bf16 autocast" if v["dtype"] != "float32" else "torch.compile"
+            rows.append([f"{v['model']}'s training step, batch {v['batch_size']}, {v['threads']} thread"
+                         f"{'s' * (v['threads'] != 1)}: {what} against fp32 eager (img/s)", n(v["img_s"]),
+                         f"fp32 eager {n(fp32[(v['threads'], False)])}", f"**{v['img_s'] / fp32[(v['threads'], False)]:.2f}**",
+                         "—"])
+    if "classify" in r:
+        c = r["classify"]
+        rows.append([f"classify {c['images']:,} photos, {c['workers']} decoding workers vs the main process (img/s)",
+                     n(c["img_s_workers"]), n(c["img_s_one_process"]), f"**{c['ratio']:.2f}**", "≥ 1.6"])
+    if "startup" in r:
+        s = r["startup"]
+        rows.append(["classify one image from the shell (s)", f"{s['s_classify']:.2f}",
+                     f"`import torch, torchvision` {s['s_import']:.2f}", f"**{s['ratio']:.2f}**", "≤ 1.5"])
+    return rows
+
+
+def _judged(ratio: str, target: str) -> str:
+    """The target, and "not met" when the measured ratio misses it."""
+    if target == "—":
+        return target
+    value, (sign, bound) = float(ratio.strip("*")), target.split()
+    met = value >= float(bound) if sign == "≥" else value <= float(bound)
+    return target if met else f"{target}: **not met**"
+
+
+def render_benchmark(table: str, results_dir: Path, base: Path, plans: list[Plan]) -> str:
+    lines = []
+    for job in jobs_of(table, plans):
+        path = results_dir / table / f"{job.name}.json"
+        if not path.is_file():
+            lines.append(f"*{job.label}*: pending (`{shlex.join(['scripts/benchmark.py', *job.args])}` "
+                         f"on such a machine; none was available).\n")
+            continue
+        r = results.read(path)
+        lines.append(f"*{job.label}*: {_device(r)}, torch {r['versions']['torch']}, "
+                     f"`{shlex.join(['scripts/benchmark.py', *shlex.split(shown_command(r['command']))])}`, "
+                     f"record {_provenance(path, r, base)}.\n")
+        lines.append("| what | ours | reference | ratio | target |\n| --- | --- | --- | --- | --- |")
+        lines += ["| " + " | ".join(row[:4] + [_judged(row[3], row[4])]) + " |" for row in _bench_rows(r)]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def pages() -> list[Path]:
+    """The pages whose figures blocks are rendered: README and docs/*.md."""
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def render(text: str, results_dir: Path, base: Path, plans: list[Plan] | None = None) -> str:
+    """A page's text (README's, a docs page's) with every figures block rendered from the records in
+    ``results_dir``, their links relative to ``base``, the page's folder; the rows are the plans' (default:
+    the repository's experiments/)."""
+    plans = load_all() if plans is None else plans
+
+    def block(m: re.Match) -> str:
+        table = m["table"]
+        jobs = jobs_of(table, plans)
+        if not jobs:
+            raise ConfigError(f"a page names a figures table {table!r} that no plan measures")
+        body = render_benchmark(table, results_dir, base, plans) if isinstance(jobs[0], Benchmark) else \
+            render_runs(table, results_dir, base, plans)
+        return m.group(1) + body + m.group(4)
+
+    return BLOCK.sub(block, text)
+
+
+
+# --- a plan's summary over its seeds -------------------------------------------------------------------------
+def _spread(values: list[float], digits: int = 2) -> str:
+    if not values:
+        return "—"
+    mean = f"{statistics.fmean(values):,.{digits}f}"
+    return f"{mean} ± {statistics.stdev(values):,.{digits}f}" if len(values) > 1 else mean
+
+
+def summary(plan: Plan, record_of) -> str:
+    """The plan's training runs as one row per change: n (the seeds with a record, of those planned) and the
+    mean ± standard deviation over them of test top-1, best validation accuracy, epochs and images/s;
+    ``record_of(run)`` is the record's path."""
+    changes: dict[str, list[Run]] = {}
+    for job in plan.runs:
+        if isinstance(job, Run):
+            changes.setdefault(job.change, []).append(job)
+    head = ["run", "arguments", "n", "test top-1 (%)", "best val (%)", "epochs", "train img/s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for change, jobs in changes.items():
+        got = [results.read(record_of(job)) for job in jobs if record_of(job).is_file()]
+        label = re.sub(r", seed \d+$", "", jobs[0].label)
+        own = f"`{shlex.join(jobs[0].own)}`" if jobs[0].own else "the plan's"
+        cells = [label, own + (f" (commit {jobs[0].commit})" if jobs[0].commit else ""), f"{len(got)} of {len(jobs)}"]
+        if got:
+            cells += [_spread([r["test_top1"] for r in got]), _spread([r["best_val_acc"] for r in got]),
+                      _spread([r["epochs"] for r in got], 1), _spread([r["train_images_per_second"] for r in got], 0)]
+        else:
+            cells += ["pending"] * 4
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
