@@ -67,7 +67,7 @@ def _pairs(minutes: int, seed: int, adamw_core: int) -> Step:
     budget = ("--trainer.max_time", f"00:00:{minutes:02d}:00", "--seed_everything", str(seed))
     runs = {opt: Run("muon-horizon", f"{opt}-{minutes}min-s{seed}",
                      f"{'AdamW' if opt == 'adamw' else 'Muon'}, {minutes} min, seed {seed}",
-                     ("--config", "cpu", *budget, "--model.optimizer", opt)) for opt in ("adamw", "muon")}
+                     ("--config", "cpu", *budget, "--model.optimizer.name", opt)) for opt in ("adamw", "muon")}
     return Step((runs["adamw"], runs["muon"]) if adamw_core == 0 else (runs["muon"], runs["adamw"]))
 
 
@@ -83,8 +83,8 @@ def _lever_run(name: str, label: str, levers: tuple[str, ...], seed: int, table:
 
 # the cpu recipe's own choices at its 20 epochs, one change each (round 2's second sitting, another machine)
 SHAPE_LEVERS = {"patch drop 0.5": ("--model.arch.patch_drop", "0.5"), "MLP 4·D": ("--model.arch.mlp_ratio", "4"),
-                "Muon lr 2×": ("--model.muon_lr", "4e-3"), "batch 256": ("--data.batch_size", "256"),
-                "no label smoothing": ("--model.label_smoothing", "0")}
+                "Muon lr 2×": ("--model.optimizer.muon_lr", "4e-3"), "batch 256": ("--data.batch_size", "256"),
+                "no label smoothing": ("--model.augmentation.label_smoothing", "0")}
 LEVERS.update(SHAPE_LEVERS)
 
 
@@ -95,14 +95,14 @@ def _shape_pair(a: tuple[str, str, tuple[str, ...]], b: tuple[str, str, tuple[st
 
 # less regularisation (the cpu recipe underfits: 81 % train accuracy, augmented, against 79 % validation), an
 # EMA of the weights, and the warmup's length (round 2's fourth sitting)
-LEVERS.update({"no weight decay": ("--model.weight_decay", "0"), "EMA 0.999": ("--model.ema_decay", "0.999"),
-               "warmup 0.25 epochs": ("--model.warmup_epochs", "0.25"), "warmup 3 epochs": ("--model.warmup_epochs", "3"),
-               "warmup 5 epochs": ("--model.warmup_epochs", "5")})
+LEVERS.update({"no weight decay": ("--model.optimizer.weight_decay", "0"), "EMA 0.999": ("--model.ema_decay", "0.999"),
+               "warmup 0.25 epochs": ("--model.schedule.warmup_epochs", "0.25"), "warmup 3 epochs": ("--model.schedule.warmup_epochs", "3"),
+               "warmup 5 epochs": ("--model.schedule.warmup_epochs", "5")})
 
 # mimetic initialisation at two scales, with Muon (the cpu recipe's) and with AdamW (round 2's third sitting)
 LEVERS.update({"mimetic 0.7/0.4": ("--model.mimetic", "[0.7, 0.7, 0.4, 0.4]"),
                "mimetic 0.3/0.2": ("--model.mimetic", "[0.3, 0.3, 0.2, 0.2]"),
-               "AdamW": ("--model.optimizer", "adamw")})
+               "AdamW": ("--model.optimizer.name", "adamw")})
 
 # Muon's Newton–Schulz iteration in timm's bfloat16 (emulated, slow, on a CPU without bf16 units) against the
 # recipe's float32 on a CPU
@@ -118,8 +118,8 @@ def _baseline_run(seed: int) -> Run:
 # the recipe's choices round 2 had not yet measured: its shape, its augmentation's strength, its resize stages
 LEVERS.update({"D 96": ("--model.arch.dim", "96", "--model.arch.heads", "6"), "L 6": ("--model.arch.depth", "6"),
                "2 heads": ("--model.arch.heads", "2"), "crop padding 2": ("--data.crop_padding", "2"),
-               "Mixup 0.2": ("--model.mixup", "0.2"), "no resize stages": ("--model.resize_stages", "[]"),
-               "longer resize stages": ("--model.resize_stages", "[[16, 0.4], [24, 0.7]]")})
+               "Mixup 0.2": ("--model.augmentation.mixup", "0.2"), "no resize stages": ("--model.schedule.resize_stages", "[]"),
+               "longer resize stages": ("--model.schedule.resize_stages", "[[16, 0.4], [24, 0.7]]")})
 
 
 def _fashion_run(commit: str | None) -> Run:
