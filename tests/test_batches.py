@@ -17,10 +17,10 @@ def mixes(recipe: str) -> bool:
     """Whether the recipe, as its files say (over the default one), has Mixup or CutMix on."""
     import yaml
 
-    model = {}
+    aug = {}
     for name in dict.fromkeys([configs.DEFAULT, recipe]):
-        model.update(yaml.safe_load(configs.path(name).read_text()).get("model") or {})
-    return (model.get("mixup", 0) > 0 or model.get("cutmix", 0) > 0) and model.get("mix_prob", 1.0) > 0
+        aug.update((yaml.safe_load(configs.path(name).read_text()).get("model") or {}).get("augmentation") or {})
+    return (aug.get("mixup", 0) > 0 or aug.get("cutmix", 0) > 0) and aug.get("mix_prob", 1.0) > 0
 
 
 def test_the_recipes_that_mix_are_known():

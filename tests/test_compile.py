@@ -71,7 +71,7 @@ def test_fast_recipe_compiles_once_per_image_size_and_equals_eager(tmp_path, fak
         monkeypatch.chdir(tmp_path)
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
-        code = main(["--config", "vit_cifar10_fast", *TINY, "--trainer.precision", "32-true", "--model.optimizer", "adamw",
+        code = main(["--config", "vit_cifar10_fast", *TINY, "--trainer.precision", "32-true", "--model.optimizer.name", "adamw",
                      "--model.compile", str(compiled).lower(), "--data.root", str(fake_cifar_session),
                      "--data.val_size", "100", "--data.num_workers", "0", "--data.batch_size", "50",
                      "--trainer.max_steps", "8", "--trainer.num_sanity_val_steps", "0", "--trainer.logger", "false",

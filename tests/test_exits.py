@@ -134,10 +134,10 @@ def test_a_bad_value_is_still_exit_2_with_one_line(tmp_path, capsys, monkeypatch
     from vit.commands.train import main
 
     monkeypatch.chdir(tmp_path)
-    assert main(["--config", "smoke", "--model.lr", "-1", *QUIET]) == 2
+    assert main(["--config", "smoke", "--model.optimizer.lr", "-1", *QUIET]) == 2
     err = capsys.readouterr().err
     assert [line for line in err.splitlines() if line.startswith("error:")] == [
-        'error: Parser key "model.lr": Not of type PositiveFloat: -1 does not conform to restriction v>0']
+        'error: Parser key "model.optimizer.lr": Not of type PositiveFloat: -1 does not conform to restriction v>0']
     assert "Traceback" not in err
 
 

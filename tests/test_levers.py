@@ -14,8 +14,8 @@ from helpers import TEST_LINE, load, train_here
 
 
 # 16 steps, 8 per epoch: 16 px for steps 0-3, 24 px for 4-11, 32 px for 12-15
-LEVERS = ["--model.optimizer", "muon", "--model.ema_decay", "0.9", "--model.arch.patch_drop", "0.25",
-          "--model.resize_stages", "[[16, 0.25], [24, 0.75]]", "--trainer.max_epochs", "2", "--data.num_workers", "0",
+LEVERS = ["--model.optimizer.name", "muon", "--model.ema_decay", "0.9", "--model.arch.patch_drop", "0.25",
+          "--model.schedule.resize_stages", "[[16, 0.25], [24, 0.75]]", "--trainer.max_epochs", "2", "--data.num_workers", "0",
           "--trainer.logger", "false"]
 
 
@@ -78,9 +78,9 @@ def test_the_ema_weights_are_tested_classified_and_exported(lever_run, fake_cifa
 
 def test_muon_takes_exactly_the_blocks_matrices():
     from vit.model import ViTConfig
-    from vit.module import ViTClassifier
+    from vit.module import OptimizerConfig, ViTClassifier
 
-    module = ViTClassifier(arch=ViTConfig(dim=32, depth=3, heads=2), optimizer="muon")
+    module = ViTClassifier(arch=ViTConfig(dim=32, depth=3, heads=2), optimizer=OptimizerConfig(name="muon"))
     muon, decay, rest = module.param_groups(1e-3, 0.02)
     names = {id(p): n for n, p in module.model.named_parameters()}
     under_muon = sorted(names[id(p)] for p in muon["params"])
@@ -95,13 +95,12 @@ def test_muon_takes_exactly_the_blocks_matrices():
 
 def test_muon_runs_newton_schulz_in_the_dtype_asked_and_leaves_timm_as_it_was():
     """The step's update is timm's Newton–Schulz in float32 (not its bfloat16 default), timm's function is
-    restored after the step, and "auto" is float32 on a CPU, bfloat16 on a GPU."""
+    restored after the step, and the recipe's is float32 on a CPU, bfloat16 on a GPU."""
     import timm.optim.muon as timm_muon
 
     from vit.optim import Muon, ns_dtype
 
-    assert ns_dtype("auto", torch.device("cpu")) == torch.float32
-    assert ns_dtype("auto", torch.device("cuda")) == torch.bfloat16 and ns_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
+    assert ns_dtype(torch.device("cpu")) == torch.float32 and ns_dtype(torch.device("cuda")) == torch.bfloat16
     torch.manual_seed(0)
     grad = torch.randn(48, 16)
     updates = {}
@@ -149,47 +148,3 @@ def test_a_progressive_resizing_checkpoint_classifies_at_full_size(lever_run, tm
     names = classifier.meta.class_names
     for p in results[0]["predictions"]:
         assert p["probability"] == pytest.approx(expected[names.index(p["label"])].item(), abs=1e-4)
-
-
-def test_round_two_starting_points_sincos_e_pos_and_mimetic_attention():
-    """--model.pos_init sincos starts E_pos at timm's 2-D sine-cosine table ([cls] at zero); --model.mimetic
-    starts each head's W_q,h W_k,hᵀ near +β1·I and W^V W^o near −β2·I (Trockman & Kolter), learnable both."""
-    from timm.layers import build_sincos2d_pos_embed
-
-    from vit.model import ViTConfig
-    from vit.module import ViTClassifier
-
-    arch = ViTConfig(dim=64, depth=2, heads=4)
-    torch.manual_seed(0)
-    module = ViTClassifier(arch=arch, pos_init="sincos", mimetic=(0.7, 0.7, 0.4, 0.4))
-    pos = module.model.pos_embedding
-    assert pos.requires_grad and torch.equal(pos[0, 0], torch.zeros(64))
-    assert torch.allclose(pos[0, 1:], build_sincos2d_pos_embed([8, 8], 64))
-    d, dk = 64, 16
-    for block in module.model.blocks:
-        w = block.attn.qkv.weight.detach()
-        for h in range(4):
-            qk = w[h * dk:(h + 1) * dk].T @ w[d + h * dk:d + (h + 1) * dk]  # W_q,h W_k,hᵀ: D × D, rank d_k
-            # the top d_k singular directions of 0.7·I + 0.7·Z: more than d_k/D of 0.7·I's trace, less than all
-            assert 0.7 * dk < qk.trace() < 0.7 * d and qk.diagonal().min() > -0.2
-        vo = w[2 * d:].T @ block.attn.out_proj.weight.detach().T  # W^V W^o
-        assert torch.allclose(vo.diagonal().mean(), torch.tensor(-0.4), atol=0.05)
-        assert (vo + 0.4 * torch.eye(d)).pow(2).mean().sqrt() == pytest.approx(0.4 / d ** 0.5, rel=0.25)  # α2·Z/√D
-    plain = ViTClassifier(arch=arch)
-    w = plain.model.blocks[0].attn.qkv.weight.detach()
-    assert abs((w[:dk].T @ w[d:d + dk]).trace()) < 0.05  # timm's: no identity
-
-
-def test_flip_tta_averages_the_logits_of_the_image_and_its_mirror_image():
-    from vit.model import ViTConfig
-    from vit.module import ViTClassifier
-
-    module = ViTClassifier(arch=ViTConfig(dim=32, depth=1, heads=2), tta_flip=True).eval()
-    images = torch.randint(0, 256, (3, 3, 32, 32), dtype=torch.uint8)
-    with torch.no_grad():
-        x = module.normalize(images)
-        expected = (module.model(x) + module.model(x.flip(-1))) / 2
-        assert torch.allclose(module(images), expected, atol=1e-6)
-        assert torch.allclose(module(images), module(images.flip(-1)), atol=1e-5)  # mirror-invariant
-        module.hparams.tta_flip = False
-        assert not torch.allclose(module(images), module(images.flip(-1)), atol=1e-3)

@@ -32,7 +32,7 @@ seeds: [0, 1]
 resources: {{cpus: 1, at_once: 2}}
 runs:
   - {{name: base, label: the toy recipe}}
-  - {{name: nowd, label: + no weight decay, args: [--model.weight_decay, 0]}}
+  - {{name: nowd, label: + no weight decay, args: [--model.optimizer.weight_decay, 0]}}
 """)
 
 
@@ -61,13 +61,13 @@ minutes: 10
 resources: {at_once: 2}
 runs:
   - {name: a}
-  - {name: b, label: + b, args: [--model.mixup, 0.2, --model.tta_flip, true], minutes: 90, seeds: [3]}
+  - {name: b, label: + b, args: [--model.augmentation.mixup, 0.2, --model.tta_flip, true], minutes: 90, seeds: [3]}
   - {name: bench, benchmark: [--sections, step]}
 """))
     assert plan.table == "grid" and [job.name for job in plan.runs] == ["a-s0", "a-s1", "b-s3", "bench"]
     assert plan.runs[0].args == ("--config", "cpu", "--trainer.max_time", "00:00:10:00", "--seed_everything", "0")
     assert plan.runs[2].args[2:] == ("--trainer.max_time", "00:01:30:00", "--seed_everything", "3",
-                                     "--model.mixup", "0.2", "--model.tta_flip", "true")
+                                     "--model.augmentation.mixup", "0.2", "--model.tta_flip", "true")
     assert plan.runs[2].label == "+ b, seed 3" and plan.runs[3].table == "benchmark-grid"
     assert [[job.name for job in group] for group in plan.groups()] == [["a-s0", "a-s1"], ["b-s3"], ["bench"]]
 
@@ -151,14 +151,14 @@ def test_a_users_plan_runs_here_in_one_wandb_group_and_its_table_has_mean_and_sp
         record = json.loads((runs / name / "results.json").read_text())
         seed = name[-1]
         assert f"--seed_everything {seed}" in record["command"]
-        assert ("--model.weight_decay 0" in record["command"]) == name.startswith("nowd")
+        assert ("--model.optimizer.weight_decay 0" in record["command"]) == name.startswith("nowd")
         # the W&B run's own record carries the group: RunRecord.run_group (field 6, a string), the plan's name
         (wandb_file,) = (runs / name / "wandb").glob("offline-run-*/run-*.wandb")
         assert b"\x32" + bytes([len("wd-grid")]) + b"wd-grid" in wandb_file.read_bytes(), name
     table = plan_command("table", plan.name)
     assert table.returncode == 0, table.stderr
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table.stdout.splitlines()}
-    for label, own in (("the toy recipe", "the plan's"), ("+ no weight decay", "`--model.weight_decay 0`")):
+    for label, own in (("the toy recipe", "the plan's"), ("+ no weight decay", "`--model.optimizer.weight_decay 0`")):
         row = rows[label]
         assert row[1] == own and row[2] == "2 of 2"
         got = [json.loads((runs / f"{'base' if label == 'the toy recipe' else 'nowd'}-s{s}" / "results.json")
@@ -189,7 +189,7 @@ def test_the_plan_of_docs_experiments_is_the_example_file_and_expands_to_its_run
     plan = plans.load(example)
     assert len(plan.runs) == 9 == 3 * 3 and "its 9 runs" in page
     assert plan.runs[-1].args == ("--config", "cpu", "--trainer.max_time", "00:00:10:00", "--seed_everything", "2",
-                                  "--model.weight_decay", "0.025")
+                                  "--model.optimizer.weight_decay", "0.025")
 
 
 def test_a_run_that_stops_where_it_resumes_ends_the_plan_with_exit_4_unless_minutes_asked_for_it(tmp_path):

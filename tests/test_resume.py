@@ -47,9 +47,9 @@ def test_a_run_killed_mid_epoch_resumes_from_its_step_checkpoint_exactly(tmp_pat
 # Everything with a random draw on at once: crops and flips (and RandAugment) per image in a worker or on
 # the device, Mixup/CutMix, random erasing, stochastic depth, token dropping, progressive resizing across
 # its switches (16 px for steps 0-3, 24 px for 4-11, 32 px after), the EMA, Muon.
-LEVERS = ["--model.optimizer", "muon", "--model.ema_decay", "0.9", "--model.arch.patch_drop", "0.25",
-          "--model.arch.drop_path", "0.1", "--model.mixup", "0.8", "--model.cutmix", "1.0",
-          "--model.random_erasing", "0.25", "--model.resize_stages", "[[16, 0.25], [24, 0.75]]",
+LEVERS = ["--model.optimizer.name", "muon", "--model.ema_decay", "0.9", "--model.arch.patch_drop", "0.25",
+          "--model.arch.drop_path", "0.1", "--model.augmentation.mixup", "0.8", "--model.augmentation.cutmix", "1.0",
+          "--model.augmentation.random_erasing", "0.25", "--model.schedule.resize_stages", "[[16, 0.25], [24, 0.75]]",
           "--trainer.max_epochs", "2", "--trainer.logger", "false", "--test_after_fit", "false", *QUIET, *EVERY_STEP]
 SOURCES = {
     "cifar-workers": ["--data.num_workers", "1", "--data.auto_augment", "randaugment"],

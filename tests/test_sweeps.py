@@ -19,10 +19,10 @@ from helpers import ROOT, TEST_LINE, errors_of, load
 # The options a sweep sets here, by what they are (the one place their names are written)
 OPTIONS = {
     "ema": "model.ema_decay",  # float | None
-    "stages": "model.resize_stages",  # pairs: a nested list
+    "stages": "model.schedule.resize_stages",  # pairs: a nested list
     "compile": "model.compile",  # bool
-    "lr": "model.lr",  # float
-    "optimizer": "model.optimizer",  # a choice of strings
+    "lr": "model.optimizer.lr",  # float
+    "optimizer": "model.optimizer.name",  # a choice of strings
     "dim": "model.arch.dim",  # int, two levels down
     "hflip": "data.hflip",  # bool, of the data module's (subclass) options
     "pretrained": "model.pretrained",  # str | None

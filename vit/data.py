@@ -84,8 +84,9 @@ def split_batch(global_batch: int, processes: int, pairs: bool = False) -> int:
         raise ConfigError(f"--data.batch_size {global_batch} is the global batch and must divide among the "
                           f"{processes} processes of this run{mixing}: use a multiple of {step}, e.g. {use}")
     where = f"{share} images per process" if processes > 1 else "one process's batch"
-    raise ConfigError(f"--data.batch_size {global_batch} is {where}, an odd number, and Mixup/CutMix (--model.mixup, "
-                      f"--model.cutmix) mixes each process's images in pairs: use {use} (a multiple of {step}), "
+    raise ConfigError(f"--data.batch_size {global_batch} is {where}, an odd number, and Mixup/CutMix "
+                      f"(--model.augmentation.mixup, --model.augmentation.cutmix) mixes each process's images in "
+                      f"pairs: use {use} (a multiple of {step}), "
                       f"or turn Mixup and CutMix off")
 
 

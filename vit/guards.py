@@ -250,7 +250,7 @@ class StopOnNonFinite(L.Callback):
         last = f"last finite loss {last:.4f}" if math.isfinite(last) else "no finite loss before it"
         raise TrainingDiverged(
             f"training diverged {where} (epoch {trainer.current_epoch}): the loss or the gradients became "
-            f"non-finite ({last}). Try a lower --model.lr, a longer --model.warmup_epochs, "
+            f"non-finite ({last}). Try a lower --model.optimizer.lr, a longer --model.schedule.warmup_epochs, "
             f"or --trainer.precision 32-true. The checkpoints written before are kept; no test was run.")
 
 

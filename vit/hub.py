@@ -105,8 +105,10 @@ def model_card(classifier, checkpoint: Path, hparams: dict, run: Path | None, re
     config = (run / "config.yaml") if run else None
     data = next((line.split(":", 1)[1].strip() for line in config.read_text().splitlines()
                  if line.strip().startswith("class_path: vit.data.")), None) if config and config.is_file() else None
-    recipe = ", ".join(f"{k} {v}" for k, v in hparams.items() if k not in ("arch", "mean", "std") and
-                       not k.startswith("_") and v not in (None, 0, 0.0, False))
+    options = {f"{k}.{field}" if isinstance(v, dict) else k: value for k, v in hparams.items()
+               if k not in ("arch", "mean", "std") and not k.startswith("_")
+               for field, value in (v.items() if isinstance(v, dict) else [(None, v)])}
+    recipe = ", ".join(f"{k} {v}" for k, v in options.items() if v not in (None, 0, 0.0, False, [], ()))
     name = f"hf-hub:{repo}" if repo else "local-dir:PATH"
     return f"""---
 library_name: timm

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 from vit.checkpoints import CheckpointError, read_checkpoint
 from vit.images import ImageError, load_image
 from vit.model import VisionTransformer
-from vit.preprocessing import Metadata, flip_averaged, resize
+from vit.preprocessing import Metadata, resize
 
 
 class Classifier:
@@ -40,9 +40,10 @@ class Classifier:
     @torch.inference_mode()
     def probabilities(self, batch: torch.Tensor, tta_flip: bool = False) -> torch.Tensor:
         """uint8 B×3×S×S (from ``preprocess``) → B×K class probabilities; with ``tta_flip``, from the mean of
-        each image's and its mirror image's logits (vit.preprocessing.flip_averaged)."""
+        each image's and its mirror image's logits."""
         x = self.normalize(batch.to(self.normalize.mean.device))
-        return (flip_averaged(self.model, x) if tta_flip else self.model(x)).float().softmax(-1)
+        logits = (self.model(x) + self.model(x.flip(-1))) / 2 if tta_flip else self.model(x)
+        return logits.float().softmax(-1)
 
 
 def add_checkpoint_argument(parser) -> None:

@@ -23,7 +23,6 @@ __all__ = [
     "create_model",
     "load_pretrained",
     "load_timm_state_dict",
-    "mimetic_init_",
     "timm_state_dict_to_vit",
     "vit_state_dict_to_timm",
 ]
@@ -256,31 +255,6 @@ class VisionTransformer(nn.Module):
             attentions.append(attn)
         logits = self.head(self.norm(x)[:, 0])  # y = head(LN(z_L^0))
         return (logits, attentions) if return_attention else logits
-
-
-def mimetic_init_(model: VisionTransformer, alpha1: float, beta1: float, alpha2: float, beta2: float) -> None:
-    """Mimetic initialisation of every block's attention (Trockman & Kolter, ICML 2023), in place: each
-    head's W_q,h W_k,hᵀ starts as the rank-d_k part of α1·Z + β1·I and W^V W^o as α2·Z − β2·I, with Z a
-    D×D matrix of N(0, 1/D) entries drawn anew for each product (torch's global generator), factored by
-    SVD into equal halves (U√S, √S Vᵀ). The architecture is unchanged; only the starting point moves."""
-    d, dk = model.config.dim, model.config.dim // model.config.heads
-
-    def halves(alpha: float, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
-        u, s, vt = torch.linalg.svd(alpha * torch.randn(d, d) / d ** 0.5 + beta * torch.eye(d))
-        return u * s.sqrt(), s.sqrt()[:, None] * vt  # left @ right = α·Z + β·I
-
-    with torch.no_grad():
-        for block in model.blocks:
-            qkv, out_proj = block.attn.qkv, block.attn.out_proj  # nn.Linear weights are out × in: x @ Wᵀ
-            for h in range(model.config.heads):
-                left, right = halves(alpha1, beta1)
-                qkv.weight[h * dk:(h + 1) * dk] = left[:, :dk].T  # W_q,h = left[:, :d_k]
-                qkv.weight[d + h * dk:d + (h + 1) * dk] = right[:dk]  # W_k,hᵀ = right[:d_k]
-            left, right = halves(alpha2, -beta2)
-            qkv.weight[2 * d:] = left.T  # W^V (all heads)
-            out_proj.weight.copy_(right.T)  # W^o
-            qkv.bias.zero_()
-            out_proj.bias.zero_()
 
 
 def flops_per_image(config: ViTConfig, train: bool = False) -> int:

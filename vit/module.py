@@ -1,8 +1,12 @@
-"""The training recipe as a LightningModule: the model knows nothing of it (vit.model)."""
+"""The training recipe as a LightningModule: the model knows nothing of it (vit.model).
+
+Its options come in groups, as the architecture does (vit.model.ViTConfig): the optimizer, the schedule and the
+augmentation, on the command line ``--model.optimizer.lr``, ``--model.schedule.warmup_epochs``,
+``--model.augmentation.mixup``. Checkpoints of the flat options before them are read by vit.checkpoints.upgrade."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 import lightning as L
@@ -14,10 +18,118 @@ from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from vit.exits import ConfigError
-from vit.model import ViTConfig, VisionTransformer, flops_per_image, load_pretrained, mimetic_init_
-from vit.preprocessing import CIFAR10_MEAN, CIFAR10_STD, Metadata, Normalize, flip_averaged
+from vit.model import ViTConfig, VisionTransformer, flops_per_image, load_pretrained
+from vit.preprocessing import CIFAR10_MEAN, CIFAR10_STD, Metadata, Normalize
 from vit import schedule
 from vit.schedule import Schedule, check_stages, shared_clock
+
+
+def _plain(value):
+    """jsonargparse's restricted numbers (PositiveFloat, ...) as the built-in types they subclass, lists as
+    tuples: no class of another library reaches a checkpoint (its options, the optimizer's groups)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return tuple(_plain(v) for v in value)
+    return next((kind(value) for kind in (bool, int, float, str) if isinstance(value, kind)), value)
+
+
+def _plain_fields(config) -> None:
+    for name in config.__dataclass_fields__:
+        object.__setattr__(config, name, _plain(getattr(config, name)))
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """The optimizer (``--model.optimizer.*``).
+
+    Args:
+        name: "adamw" for every weight, or "muon": timm's Muon (orthogonalised momentum) for the 2-D weights of
+            the blocks (QKV, W^o, MLP), AdamW for E, the head, norms, biases, [cls] and E_pos — the split of
+            the CIFAR-10 and nanoGPT speed records. Muon's Newton–Schulz iteration runs in bfloat16 on a GPU
+            (timm's) and in float32 on a CPU, where bfloat16 is emulated on most CPUs and slow (vit.optim).
+        lr: peak learning rate for a global batch of lr_batch_size images; scaled linearly to the real global
+            batch (--data.batch_size × accumulation), which does not change with the number of devices.
+        lr_batch_size: the global batch lr is stated for.
+        weight_decay: AdamW's (and Muon's) weight decay (not on norms, biases, E_pos, [cls]).
+        betas: AdamW's betas (with Muon, its AdamW's: Muon's own momentum is timm's, 0.95).
+        muon_lr: Muon's peak learning rate, for a global batch of lr_batch_size (scaled as lr); default: lr
+            itself, which timm's Muon makes comparable (its update is scaled to AdamW's RMS, "match_rms_adamw").
+    """
+
+    name: Literal["adamw", "muon"] = "adamw"
+    lr: PositiveFloat = 1e-3
+    lr_batch_size: PositiveInt = 512
+    weight_decay: NonNegativeFloat = 0.05
+    betas: tuple[float, float] = (0.9, 0.999)
+    muon_lr: PositiveFloat | None = None
+
+    def __post_init__(self):
+        _plain_fields(self)
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """What follows the run's progress (``--model.schedule.*``): the learning rate and the training image size.
+    Both are laid over the run's steps, or over --trainer.max_time, whichever ends the run first (vit.schedule).
+
+    Args:
+        warmup_epochs: linear warmup from lr/1000, in epochs (fractions allowed); then the cosine to min_lr.
+        min_lr: learning rate at the end of the cosine.
+        resize_stages: progressive resizing — smaller training images first, fewer tokens per step: pairs (image
+            size, share of the run at which that stage ends), e.g. [[16, 0.25], [24, 0.5]] trains at 16 px for the
+            first quarter of the run, at 24 px to its half, then at arch.image_size. Images are resized
+            (antialiased bilinear) in the training step and E_pos is resampled to their grid (vit.model); the
+            model, its checkpoint, validation and test stay at full size.
+    """
+
+    warmup_epochs: NonNegativeFloat = 5.0
+    min_lr: NonNegativeFloat = 1e-5
+    resize_stages: tuple[tuple[PositiveInt, OpenUnitInterval], ...] = ()
+
+    def __post_init__(self):
+        _plain_fields(self)
+
+
+@dataclass(frozen=True)
+class AugmentationConfig:
+    """What the training step does to each batch and its targets (``--model.augmentation.*``), from timm.
+
+    Args:
+        label_smoothing: label smoothing of the cross-entropy targets (Mixup/CutMix mix the smoothed targets).
+        mixup: Mixup alpha (0: off).
+        cutmix: CutMix alpha (0: off).
+        mix_prob: probability of applying Mixup/CutMix to a batch.
+        random_erasing: probability of random erasing per image.
+    """
+
+    label_smoothing: ClosedUnitInterval = 0.0
+    mixup: NonNegativeFloat = 0.0
+    cutmix: NonNegativeFloat = 0.0
+    mix_prob: ClosedUnitInterval = 1.0
+    random_erasing: ClosedUnitInterval = 0.0
+
+    def __post_init__(self):
+        _plain_fields(self)
+
+
+GROUPS = {"arch": ViTConfig, "optimizer": OptimizerConfig, "schedule": ScheduleConfig,
+          "augmentation": AugmentationConfig}
+
+
+def _group(name: str, value):
+    """A group as given: its dataclass, or the dict a checkpoint stores (and jsonargparse may pass)."""
+    cls = GROUPS[name]
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ConfigError(f"{name} has no option {', '.join(unknown)} (its options: "
+                              f"{', '.join(cls.__dataclass_fields__)})")
+        return cls(**value)
+    raise ConfigError(f"{name} is a group of options ({', '.join(cls.__dataclass_fields__)}), not {value!r}: "
+                      f"e.g. --model.{name}.{next(iter(cls.__dataclass_fields__))}")
 
 
 class ViTClassifier(L.LightningModule):
@@ -29,101 +141,47 @@ class ViTClassifier(L.LightningModule):
     def __init__(
         self,
         arch: ViTConfig = ViTConfig(),
-        lr: PositiveFloat = 1e-3,
-        lr_batch_size: PositiveInt = 512,
-        min_lr: NonNegativeFloat = 1e-5,
-        weight_decay: NonNegativeFloat = 0.05,
-        betas: tuple[float, float] = (0.9, 0.999),
-        optimizer: Literal["adamw", "muon"] = "adamw",
-        muon_lr: PositiveFloat | None = None,
-        muon_ns_dtype: Literal["auto", "bfloat16", "float32"] = "auto",
+        optimizer: OptimizerConfig = OptimizerConfig(),
+        schedule: ScheduleConfig = ScheduleConfig(),
+        augmentation: AugmentationConfig = AugmentationConfig(),
         ema_decay: OpenUnitInterval | None = None,
-        resize_stages: tuple[tuple[PositiveInt, OpenUnitInterval], ...] = (),
-        warmup_epochs: NonNegativeFloat = 5.0,
-        label_smoothing: ClosedUnitInterval = 0.0,
-        mixup: NonNegativeFloat = 0.0,
-        cutmix: NonNegativeFloat = 0.0,
-        mix_prob: ClosedUnitInterval = 1.0,
-        random_erasing: ClosedUnitInterval = 0.0,
         mean: tuple[float, ...] | None = None,
         std: tuple[float, ...] | None = None,
         pretrained: str | None = None,
         compile: bool = False,
-        pos_init: Literal["normal", "sincos"] = "normal",
-        decay: Literal["cosine", "linear"] = "cosine",
-        tta_flip: bool = False,
-        mimetic: tuple[float, float, float, float] | None = None,
     ):
         """
         Args:
             arch: the architecture (vit.model.ViTConfig).
-            lr: peak learning rate for a global batch of lr_batch_size images; scaled linearly to the
-                real global batch (--data.batch_size × accumulation), which does not change with the
-                number of devices.
-            lr_batch_size: the global batch lr is stated for.
-            min_lr: learning rate at the end of the cosine decay.
-            weight_decay: AdamW weight decay (not on norms, biases, E_pos, [cls]).
-            betas: AdamW betas.
-            optimizer: "adamw" for every weight, or "muon": timm's Muon (orthogonalised momentum) for
-                the 2-D weights of the blocks (QKV, W^o, MLP), AdamW for E, the head, norms, biases,
-                [cls] and E_pos — the split of the CIFAR-10 and nanoGPT speed records.
-            muon_lr: Muon's peak learning rate, for a global batch of lr_batch_size (scaled as lr);
-                default: lr itself, which timm's Muon makes comparable (its update is scaled to
-                AdamW's RMS, "match_rms_adamw").
-            muon_ns_dtype: the precision of Muon's Newton–Schulz iteration (vit.optim): "auto" is bfloat16 on a
-                GPU (timm's) and float32 on a CPU, where bfloat16 is emulated on most CPUs and slow.
+            optimizer: the optimizer and its learning rate (OptimizerConfig).
+            schedule: warmup, cosine and progressive resizing (ScheduleConfig).
+            augmentation: label smoothing, Mixup/CutMix, random erasing (AugmentationConfig).
             ema_decay: keep an exponential moving average of the weights (timm's ModelEmaV3, with its
                 warmup: the decay at step t is min(ema_decay, 1 − (1 + t)^−2/3), so a short run does not
                 average in its random start); validation, test, classify and export then use the EMA
                 weights (the raw ones stay in the checkpoint for resuming). None: off.
-            resize_stages: progressive resizing — smaller training images first, fewer tokens per step:
-                pairs (image size, share of the run at which that stage ends), e.g. [[16, 0.25], [24, 0.5]]
-                trains at 16 px for the first quarter of the run, at 24 px to its half, then at
-                arch.image_size. The share is of the steps, or of --trainer.max_time, whichever is
-                further (as the cosine). Images are resized (antialiased bilinear) in the training step and
-                E_pos is resampled to their grid (vit.model); the model, its checkpoint, validation and test
-                stay at full size.
-            warmup_epochs: linear warmup from lr/1000, in epochs (fractions allowed).
-            label_smoothing: label smoothing of the cross-entropy targets.
-            mixup: Mixup alpha (0: off).
-            cutmix: CutMix alpha (0: off).
-            mix_prob: probability of applying Mixup/CutMix to a batch.
-            random_erasing: probability of random erasing per image.
             mean: per-channel mean of the normalisation (x/255 − mean) / std; default: the pretrained
                 weights' (their pretrained_cfg), else CIFAR-10's.
             std: per-channel std of the normalisation; default as for mean.
             pretrained: start from timm ViT weights: a timm model name, hf-hub:USER/REPO, local-dir:DIR, or a
                 .pth/.safetensors file (loaded when fit starts, never when a checkpoint is loaded).
             compile: torch.compile the model when fit starts.
-            pos_init: E_pos's initial values: "normal" (timm's truncated normal, std 0.02) or "sincos", the 2-D
-                sine-cosine embedding of Beyer et al. 2022 ("Better plain ViT baselines"); E_pos stays learnable.
-            decay: the learning rate after warmup: "cosine" to min_lr, or "linear" to min_lr (reported the most
-                robust under a time budget: Li et al., "Budgeted training", ICLR 2020); either over the run's
-                steps or its time budget (vit.schedule).
-            tta_flip: evaluate (validation, test) on each image and its mirror image, averaging the logits.
-            mimetic: start each attention layer from the mimetic initialisation (vit.model.mimetic_init_, Trockman
-                & Kolter 2023) with scales [α1, β1, α2, β2] (theirs: [0.7, 0.7, 0.4, 0.4]); None: timm's.
         """
         super().__init__()
-        arch = ViTConfig(**arch) if isinstance(arch, dict) else arch  # a checkpoint stores it as a dict
+        arch, optimizer = _group("arch", arch), _group("optimizer", optimizer)
+        schedule, augmentation = _group("schedule", schedule), _group("augmentation", augmentation)
         if mean is None or std is None:  # resolved once and stored: a checkpoint never looks them up again
             from vit.hub import pretrained_normalization
 
             default_mean, default_std = (pretrained and pretrained_normalization(pretrained)) or (CIFAR10_MEAN, CIFAR10_STD)
             mean, std = mean or default_mean, std or default_std
-        self.save_hyperparameters(ignore=["arch"])
+        self.save_hyperparameters(ignore=list(GROUPS))
         self.hparams.update(mean=tuple(mean), std=tuple(std))
-        self.hparams["arch"] = asdict(arch)  # plain types: checkpoints load with weights_only=True
+        self.hparams.update({k: asdict(v) for k, v in zip(GROUPS, (arch, optimizer, schedule, augmentation))})
+        self.hparams.update(_plain(dict(self.hparams)))  # plain types: checkpoints load with weights_only=True
+        self.optimizer_config, self.augmentation_config = optimizer, augmentation
+        self.schedule_config = schedule
         self.model = VisionTransformer(arch)
-        if pos_init == "sincos":
-            from timm.layers import build_sincos2d_pos_embed
-
-            grid = arch.image_size // arch.patch_size
-            with torch.no_grad():
-                self.model.pos_embedding[0, 0].zero_()  # [cls]
-                self.model.pos_embedding[0, 1:] = build_sincos2d_pos_embed([grid, grid], arch.dim)
-        if mimetic is not None:
-            mimetic_init_(self.model, *mimetic)
         self.ema = None
         if ema_decay is not None:
             from timm.utils import ModelEmaV3
@@ -133,24 +191,25 @@ class ViTClassifier(L.LightningModule):
         if len(mean) != arch.in_channels:
             raise ConfigError(f"mean and std need {arch.in_channels} values each, got {mean}, {std}")
         self.class_names: list[str] = [str(i) for i in range(arch.num_classes)]
-        check_stages(resize_stages, arch.image_size, arch.patch_size)
+        check_stages(schedule.resize_stages, arch.image_size, arch.patch_size)
         # the lr and the training image size follow the run's progress: vit.schedule builds the schedule
         # when training starts (its length is the Trainer's); until then this holds a resumed run's place
         self.schedule = Schedule(warmup=0, decay=None, image_size=arch.image_size,
-                                 stages=tuple(tuple(s) for s in resize_stages))
+                                 stages=schedule.resize_stages)
         self._said_size = arch.image_size  # the training image size last announced (one line per switch)
 
+        aug = augmentation
         self.mixup_fn = None
-        if (mixup > 0 or cutmix > 0) and mix_prob > 0:
+        if (aug.mixup > 0 or aug.cutmix > 0) and aug.mix_prob > 0:
             from timm.data import Mixup
 
-            self.mixup_fn = Mixup(mixup_alpha=mixup, cutmix_alpha=cutmix, prob=mix_prob,
-                                  label_smoothing=label_smoothing, num_classes=arch.num_classes)
+            self.mixup_fn = Mixup(mixup_alpha=aug.mixup, cutmix_alpha=aug.cutmix, prob=aug.mix_prob,
+                                  label_smoothing=aug.label_smoothing, num_classes=arch.num_classes)
         self.random_erasing = None
-        if random_erasing > 0:
+        if aug.random_erasing > 0:
             from timm.data.random_erasing import RandomErasing
 
-            self.random_erasing = RandomErasing(random_erasing, mode="pixel", device="cpu")
+            self.random_erasing = RandomErasing(aug.random_erasing, mode="pixel", device="cpu")
 
         k, top5 = arch.num_classes, min(5, arch.num_classes)
         self.train_acc = MulticlassAccuracy(k, top_k=1, average="micro")
@@ -170,10 +229,8 @@ class ViTClassifier(L.LightningModule):
         return self.ema.module if self.ema is not None else self.model
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 images → logits of the evaluated weights, normalised as the checkpoint says (vit.preprocessing);
-        with tta_flip, the mean of the image's and its mirror image's logits."""
-        x = self.normalize(images)
-        return flip_averaged(self.eval_model, x) if self.hparams.get("tta_flip") else self.eval_model(x)
+        """uint8 images → logits of the evaluated weights, normalised as the checkpoint says (vit.preprocessing)."""
+        return self.eval_model(self.normalize(images))
 
     @property
     def mixes_pairs(self) -> bool:
@@ -215,7 +272,7 @@ class ViTClassifier(L.LightningModule):
             loss = F.cross_entropy(logits, soft_targets)  # probability targets (smoothing already in them)
         else:
             logits = self.model(x)
-            loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
+            loss = F.cross_entropy(logits, labels, label_smoothing=self.augmentation_config.label_smoothing)
         self.train_loss(loss.detach())
         self.train_acc(logits.detach(), labels)
         self.log("train/loss_step", loss.detach(), on_step=True, on_epoch=False, prog_bar=True)
@@ -263,33 +320,33 @@ class ViTClassifier(L.LightningModule):
 
     # --- optimisation -------------------------------------------------------------------------
     def configure_optimizers(self):
-        """AdamW and timm's warmup + cosine, stepped per update. The cosine spans the run: its steps,
-        or — when ``--trainer.max_time`` is set — the time budget, whichever ends the run first, so a
+        """AdamW (or Muon) and timm's warmup + cosine, stepped per update. The cosine spans the run: its
+        steps, or — when ``--trainer.max_time`` is set — the time budget, whichever ends the run first, so a
         run cut off by the clock still ends at ``min_lr``."""
         from timm.optim import create_optimizer_v2
 
-        hp, trainer = self.hparams, self.trainer
+        o, s, trainer = self.optimizer_config, self.schedule_config, self.trainer
         global_batch = trainer.datamodule.batch_size * trainer.accumulate_grad_batches
-        lr = hp.lr * global_batch / hp.lr_batch_size
-        self.schedule, length = schedule.for_run(trainer, hp.warmup_epochs, self.model.config.image_size,
-                                                 hp.resize_stages, self.schedule.state_dict())
+        lr = o.lr * global_batch / o.lr_batch_size
+        self.schedule, length = schedule.for_run(trainer, s.warmup_epochs, self.model.config.image_size,
+                                                 s.resize_stages, self.schedule.state_dict())
         split = f" = {trainer.world_size} processes × {trainer.datamodule.process_batch()}" * (trainer.world_size > 1)
-        rank_zero_info(f"global batch {global_batch}{split}: lr {hp.lr:g} × {global_batch}/{hp.lr_batch_size} = {lr:g}; "
-                       f"{self.schedule.warmup} warmup steps, then {hp.get('decay', 'cosine')} to {hp.min_lr:g} at {length}")
-        if hp.optimizer == "muon":
+        rank_zero_info(f"global batch {global_batch}{split}: lr {o.lr:g} × {global_batch}/{o.lr_batch_size} = {lr:g}; "
+                       f"{self.schedule.warmup} warmup steps, then cosine to {s.min_lr:g} at {length}")
+        if o.name == "muon":
             from vit.optim import Muon, ns_dtype
 
-            muon_lr = (hp.muon_lr or hp.lr) * global_batch / hp.lr_batch_size
-            dtype = ns_dtype(hp.muon_ns_dtype, self.device)
+            muon_lr = (o.muon_lr or o.lr) * global_batch / o.lr_batch_size
+            dtype = ns_dtype(self.device)
             rank_zero_info(f"Muon for the blocks' matrices (lr {muon_lr:g}), its Newton–Schulz iteration in "
                            f"{str(dtype).removeprefix('torch.')}")
-            optimizer = Muon(self.param_groups(lr, muon_lr), lr=muon_lr, weight_decay=hp.weight_decay,
-                             betas=tuple(hp.betas), ns_dtype=dtype)
+            optimizer = Muon(self.param_groups(lr, muon_lr), lr=muon_lr, weight_decay=o.weight_decay,
+                             betas=o.betas, ns_dtype=dtype)
         else:
             fused = self.device.type == "cuda"
-            optimizer = create_optimizer_v2(self.model, "adamw", lr=lr, weight_decay=hp.weight_decay,
-                                            betas=tuple(hp.betas), **({"fused": True} if fused else {}))
-        scheduler = self.schedule.lr_scheduler(optimizer, lr, hp.min_lr, hp.get("decay", "cosine"))
+            optimizer = create_optimizer_v2(self.model, "adamw", lr=lr, weight_decay=o.weight_decay,
+                                            betas=o.betas, **({"fused": True} if fused else {}))
+        scheduler = self.schedule.lr_scheduler(optimizer, lr, s.min_lr)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def param_groups(self, lr: float, muon_lr: float) -> list[dict]:
@@ -302,7 +359,7 @@ class ViTClassifier(L.LightningModule):
                 muon.append(p)
             else:
                 (rest if name in no_decay else decay).append(p)
-        wd = self.hparams.weight_decay
+        wd = self.optimizer_config.weight_decay
         return [{"params": muon, "lr": muon_lr, "weight_decay": wd},
                 {"params": decay, "lr": lr, "weight_decay": wd, "use_fallback": True},
                 {"params": rest, "lr": lr, "weight_decay": 0.0, "use_fallback": True}]

@@ -13,12 +13,10 @@ import timm.optim.muon as timm_muon
 import torch
 
 
-def ns_dtype(choice: str, device: torch.device) -> torch.dtype:
-    """The iteration's dtype: ``choice``, or for "auto" bfloat16 on a GPU and float32 on a CPU. The rule reads
-    the device's type alone, so every process of a run chooses alike (its updates must agree)."""
-    if choice == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, choice)
+def ns_dtype(device: torch.device) -> torch.dtype:
+    """The iteration's dtype: bfloat16 on a GPU, float32 on a CPU. The rule reads the device's type alone, so
+    every process of a run chooses alike (its updates must agree)."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
 class Muon(timm_muon.Muon):

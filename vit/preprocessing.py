@@ -24,12 +24,6 @@ def resize(image: torch.Tensor, size: int) -> torch.Tensor:
     return image if tuple(image.shape[-2:]) == (size, size) else TF.resize(image, [size, size], antialias=True)
 
 
-def flip_averaged(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Test-time augmentation by flipping: the mean of the logits of the images and of their mirror images
-    (validation and test with --model.tta_flip, classify with --tta-flip)."""
-    return (model(x) + model(x.flip(-1))) / 2
-
-
 class Normalize(nn.Module):
     """uint8 B×C×H×W → float (x/255 − mean) / std, on the batch's device."""
 

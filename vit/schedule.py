@@ -1,5 +1,5 @@
 """The run's schedule, built complete from the recipe when training starts: how far the run is, and what
-follows from it — the learning rate (linear warmup by steps, then timm's cosine, or a linear decay) and the
+follows from it — the learning rate (linear warmup by steps, then timm's cosine) and the
 training image size (progressive resizing).
 
 How far: warmup counts steps; then the share of the run done is the steps done over the total, or the
@@ -75,14 +75,13 @@ class Schedule:
     def train_image_size(self) -> int:
         return image_size(self.share, self.stages, self.image_size)
 
-    def lr_scheduler(self, optimizer, lr: float, min_lr: float, shape: str = "cosine"):
+    def lr_scheduler(self, optimizer, lr: float, min_lr: float):
         """timm's scheduler for this schedule (stepped by ``advance``'s updates): linear warmup from lr/1000,
-        then the cosine (or, ``shape="linear"``, a linear decay) to ``min_lr``."""
-        from timm.scheduler import CosineLRScheduler, PolyLRScheduler
+        then the cosine to ``min_lr``."""
+        from timm.scheduler import CosineLRScheduler
 
-        kind, extra = (PolyLRScheduler, {"power": 1.0}) if shape == "linear" else (CosineLRScheduler, {})
-        return kind(optimizer, t_initial=max(self.cosine_steps, 1), lr_min=min_lr, warmup_t=self.warmup,
-                    warmup_lr_init=lr * 1e-3 if self.warmup else lr, warmup_prefix=True, t_in_epochs=False, **extra)
+        return CosineLRScheduler(optimizer, t_initial=max(self.cosine_steps, 1), lr_min=min_lr, warmup_t=self.warmup,
+                                 warmup_lr_init=lr * 1e-3 if self.warmup else lr, warmup_prefix=True, t_in_epochs=False)
 
     def state_dict(self) -> dict:
         return {"warmup_end_time": self.warmup_end_time, "share": self.share}

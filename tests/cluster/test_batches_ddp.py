@@ -22,7 +22,7 @@ def test_the_default_recipe_on_2_processes_refuses_15_per_process_and_trains_the
                                 user_env(), timeout=120)
     errors = [line for line in out.splitlines() if line.startswith("error:")]
     assert code == 2 and errors == ["error: --data.batch_size 30 is 15 images per process, an odd number, and "
-                                    "Mixup/CutMix (--model.mixup, --model.cutmix) mixes each process's images in "
+                                    "Mixup/CutMix (--model.augmentation.mixup, --model.augmentation.cutmix) mixes each process's images in "
                                     "pairs: use 28 or 32 (a multiple of 4), or turn Mixup and CutMix off"], out[-3000:]
     assert "Traceback" not in out and "Initializing distributed" not in out  # no process group was made
     # the out-of-memory line's flags for 64 × 2 on 2 processes (tests/test_batches.py): 32 × 4, 16 per process

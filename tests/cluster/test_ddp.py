@@ -41,7 +41,7 @@ def test_ddp_with_the_defaults_a_user_gets(tmp_path, fake_cifar_session):
     step (a time budget too, so the ranks share rank 0's clock every step)."""
     cmd = [sys.executable, *TRAIN, "--data.root", str(fake_cifar_session), "--trainer.devices", "2",
            "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu", "--trainer.max_epochs", "2",
-           "--trainer.max_time", "00:00:05:00", "--model.optimizer", "muon", "--model.resize_stages", "[[16, 0.5]]"]
+           "--trainer.max_time", "00:00:05:00", "--model.optimizer.name", "muon", "--model.schedule.resize_stages", "[[16, 0.5]]"]
     code, out, seconds = in_terminal(cmd, tmp_path, user_env(), timeout=300)
     print(f"DDP with the defaults: {seconds:.1f} s")
     assert code is not None, f"hung: killed after {seconds:.0f} s\n{out[-3000:]}"

@@ -23,7 +23,7 @@ seeds: [0]
 resources: {{cpus: 1, time: "00:20:00"}}
 runs:
   - {{name: base, label: the toy recipe}}
-  - {{name: nowd, label: + no weight decay, args: [--model.weight_decay, 0]}}
+  - {{name: nowd, label: + no weight decay, args: [--model.optimizer.weight_decay, 0]}}
 """)
     runs = tmp_path / "runs"
 
@@ -43,10 +43,10 @@ runs:
         assert f"task {task} of pair.yaml" in out and "Traceback" not in out
     for name in ("base-s0", "nowd-s0"):  # each task ran its own run, once
         result = json.loads((runs / "pair" / name / "results.json").read_text())
-        assert ("--model.weight_decay 0" in result["command"]) == name.startswith("nowd")
+        assert ("--model.optimizer.weight_decay 0" in result["command"]) == name.startswith("nowd")
         assert 0 <= result["test_top1"] <= 100
     table = plan_command("table", str(plan), "--runs", str(runs))
     assert table.returncode == 0, table.stderr
     assert re.search(r"^\| the toy recipe \| the plan's \| 1 of 1 \| \d+\.\d\d \|", table.stdout, re.M)
-    assert re.search(r"^\| \+ no weight decay \| `--model.weight_decay 0` \| 1 of 1 \| \d+\.\d\d \|", table.stdout,
+    assert re.search(r"^\| \+ no weight decay \| `--model.optimizer.weight_decay 0` \| 1 of 1 \| \d+\.\d\d \|", table.stdout,
                      re.M)

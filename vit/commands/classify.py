@@ -37,7 +37,8 @@ def parse_args(argv):
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--tta-flip", action="store_true",
-                   help="average each image's and its mirror image's logits (as --model.tta_flip in validation and test)")
+                   help="average each image's and its mirror image's logits (test-time augmentation: twice the "
+                        "work per image)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                    help="processes that decode and resize images (default: the CPU count; 0: this process)")
     args = p.parse_args(argv)

@@ -30,7 +30,7 @@ from vit import configs, exits, failures, gpus, launch, loggers, report, results
 from vit.callbacks import LogConfig, run_callbacks
 from vit.guards import StopAfterMinutes, Watchdog
 from vit.progress import ProgressBar
-from vit.checkpoints import read_checkpoint
+from vit.checkpoints import old_option, read_checkpoint, refuse_removed
 from vit.data import split_batch
 from vit.exits import ConfigError, Stopped
 from vit.loggers import quiet_lightning
@@ -61,8 +61,12 @@ class RecipeFile(ActionConfigFile):
     out as one mapping (W&B's sweep agent's ${args_json}: '{"model.lr": 0.001, ...}')."""
 
     def __call__(self, parser, cfg, values, option_string=None):
-        settings = configs.is_settings(values)
-        super().__call__(parser, cfg, values if settings else str(configs.path(values)), option_string)
+        if configs.is_settings(values):
+            super().__call__(parser, cfg, values, option_string)
+            return
+        path = configs.path(values)
+        refuse_old_options(yaml_model_options(path), f"{path}: ")
+        super().__call__(parser, cfg, str(path), option_string)
 
 
 PARSER_MODE = "python_or_yaml"
@@ -100,6 +104,26 @@ def as_yaml_types(value):
     if isinstance(value, dict):
         return {k: as_yaml_types(v) for k, v in value.items()}
     return value
+
+
+def yaml_model_options(path: Path) -> dict:
+    import yaml
+
+    try:
+        recipe = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}  # jsonargparse says what is wrong with it
+    model = recipe.get("model") if isinstance(recipe, dict) else None
+    return model if isinstance(model, dict) else {}
+
+
+def refuse_old_options(options: dict, where: str = "") -> None:
+    """Model options of an earlier version (flat, or since removed), on the command line or in a recipe: one
+    line that says where each is now, or why it left (vit.checkpoints.old_option)."""
+    said = [line for key, value in options.items() if (line := old_option(key, value))]
+    if said:
+        raise ConfigError(f"{where}{'; '.join(said)} (the model's options are grouped: optimizer, schedule, "
+                          f"augmentation; see --help)")
 
 
 def add_run_options(parser) -> None:
@@ -159,6 +183,12 @@ class ViTCLI(LightningCLI):
         add_run_options(parser)
 
     def parse_arguments(self, parser, args):
+        given = {}
+        for i, arg in enumerate(args):
+            if arg.startswith("--model."):
+                key, equals, value = arg.removeprefix("--model.").partition("=")
+                given[key] = value if equals else (args[i + 1] if i + 1 < len(args) else None)
+        refuse_old_options(given)
         self.config = parser.parse_args(args)
 
     def before_instantiate_classes(self):
@@ -170,6 +200,7 @@ class ViTCLI(LightningCLI):
             if not cfg.ckpt_path or cfg.ckpt_path == "last":
                 raise ConfigError("test needs --ckpt_path CKPT, the checkpoint file to evaluate")
             ckpt = read_checkpoint(cfg.ckpt_path)
+            refuse_removed(ckpt, cfg.ckpt_path, resume=False)
             hparams = {k: v for k, v in ckpt.get("hyper_parameters", {}).items() if not k.startswith("_")}
             self.config = cfg = self.parser.parse_object({"model": hparams}, cfg)  # the checkpoint's model
             run = runs.run_of(Path(cfg.ckpt_path)) or runs.claim_new_version(root)

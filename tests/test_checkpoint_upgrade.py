@@ -1,0 +1,120 @@
+"""Checkpoints written before the model's options were grouped still work: tests/data/flat-options.ckpt was
+written by that code (flat --model.lr, --model.optimizer muon, --model.ema_decay, --model.resize_stages, ...:
+its arguments are in flat-options.json, with the probabilities and the rollout that code gave for
+flat-options.png). Classify, rollout, export and the demo give the same; test and resume read its options
+into their groups; an option that left and changed what a test or a resumed run does is refused in one line."""
+
+import json
+
+import pytest
+import torch
+
+from helpers import QUIET, TESTS, errors_of, load, make_fake_cifar, run_here, train_here
+
+OLD = TESTS / "data" / "flat-options.ckpt"
+IMAGE = TESTS / "data" / "flat-options.png"
+BEFORE = json.loads((TESTS / "data" / "flat-options.json").read_text())
+# the run's model, with today's names (the fixture's data: make_fake_cifar(root, 20, 40, 0))
+ARCH = ["--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2", "--model.arch.patch_size", "8",
+        "--model.arch.mlp_ratio", "2"]
+
+
+def data_args(root) -> list[str]:
+    return ["--data.root", str(make_fake_cifar(root, 20, 40, 0)), "--data.val_size", "20", "--data.num_workers", "0",
+            "--data.batch_size", "20", "--trainer.logger", "false", *QUIET]
+
+
+def probabilities(predictions: list[dict], names: list[str]) -> list[float]:
+    by_label = {p["label"]: p["probability"] for p in predictions}
+    return [by_label[name] for name in names]
+
+
+def test_upgrade_moves_the_flat_options_into_their_groups_and_drops_those_that_left():
+    from vit.checkpoints import read_checkpoint
+    from vit.module import ViTClassifier
+
+    assert load(OLD)["hyper_parameters"]["optimizer"] == "muon"  # (the fixture is flat)
+    hparams = read_checkpoint(OLD)["hyper_parameters"]
+    assert hparams["optimizer"] == {"name": "muon", "lr": 0.01, "lr_batch_size": 128, "weight_decay": 0.05,
+                                    "betas": [0.9, 0.999], "muon_lr": None}
+    assert hparams["schedule"] == {"warmup_epochs": 0.5, "min_lr": 1e-4, "resize_stages": [[16, 0.5]]}
+    assert hparams["augmentation"] == {"label_smoothing": 0.1, "mixup": 0.0, "cutmix": 0.0, "mix_prob": 1.0,
+                                       "random_erasing": 0.0}
+    assert hparams["ema_decay"] == 0.5 and hparams["arch"]["dim"] == 16
+    assert not {"lr", "pos_init", "decay", "tta_flip", "mimetic", "muon_ns_dtype", "_removed"} & set(hparams)
+    module = ViTClassifier(**{k: v for k, v in hparams.items() if not k.startswith("_")})
+    assert module.optimizer_config.name == "muon" and module.schedule_config.resize_stages == ((16, 0.5),)
+    assert module.augmentation_config.label_smoothing == 0.1 and module.ema is not None
+
+
+def test_classify_rollout_export_and_the_demo_give_what_they_gave(tmp_path):
+    from vit.demo import analyse
+    from vit.images import load_image
+    from vit.inference import load_classifier
+    from vit.rollout import explain
+
+    clf = load_classifier(OLD)
+    names = clf.class_names
+    proc = run_here("classify.py", "--checkpoint", OLD, IMAGE, "--json", "--top-k", "10")
+    assert proc.returncode == 0, proc.stderr
+    classified = probabilities(json.loads(proc.stdout)[0]["predictions"], names)
+    assert classified == pytest.approx(BEFORE["probabilities"], abs=1e-4)  # (classify rounds to 4 places)
+    assert max(BEFORE["probabilities"]) - min(BEFORE["probabilities"]) > 1e-3  # (they tell classes apart)
+
+    proc = run_here("rollout.py", "--checkpoint", OLD, IMAGE, "--output-dir", tmp_path / "rollout")
+    assert proc.returncode == 0, proc.stderr
+    assert [p.suffix for p in (tmp_path / "rollout").iterdir()] == [".png"]
+    small = clf.preprocess(load_image(IMAGE))[None]
+    _, rollout = explain(clf.model, clf.normalize(small), "rollout")
+    torch.testing.assert_close(rollout[0], torch.tensor(BEFORE["rollout"]), rtol=0, atol=1e-5)
+
+    proc = run_here("export.py", "--checkpoint", OLD, "--output", tmp_path / "timm")
+    assert proc.returncode == 0, proc.stderr
+    exported = load_classifier(f"local-dir:{tmp_path / 'timm'}")
+    assert exported.probabilities(small)[0].tolist() == pytest.approx(BEFORE["probabilities"], abs=1e-5)
+    card = (tmp_path / "timm" / "README.md").read_text()
+    assert "optimizer.name muon" in card and "schedule.resize_stages [[16, 0.5]]" in card and "ema_decay 0.5" in card
+
+    shown = analyse(clf, IMAGE, top_k=10)
+    assert shown.error is None
+    assert probabilities([{"label": c, "probability": p} for c, p in shown.top], names) == \
+        pytest.approx(BEFORE["probabilities"], abs=1e-4)
+
+
+def test_it_tests_and_resumes_with_its_options_in_their_groups(tmp_path, capsys):
+    assert train_here(tmp_path, None, "test", "--ckpt_path", str(OLD), *data_args(tmp_path)) == 0
+    # resumed for a second epoch of 4 steps, with the command line of the run in today's names
+    assert train_here(tmp_path, None, "--ckpt_path", str(OLD), *data_args(tmp_path), *ARCH,
+                      "--model.optimizer.name", "muon", "--model.optimizer.lr", "0.01", "--model.ema_decay", "0.5",
+                      "--model.schedule.resize_stages", "[[16, 0.5]]", "--model.schedule.warmup_epochs", "0.5",
+                      "--model.augmentation.label_smoothing", "0.1", "--trainer.max_epochs", "2",
+                      "--trainer.limit_train_batches", "4", "--test_after_fit", "false") == 0, errors_of(capsys)
+    (last,) = (tmp_path / "runs" / "smoke").glob("version_*/checkpoints/last.ckpt")
+    ckpt = load(last)
+    assert ckpt["global_step"] == load(OLD)["global_step"] + 4 == 8
+    assert ckpt["hyper_parameters"]["optimizer"]["name"] == "muon" and "lr" not in ckpt["hyper_parameters"]
+    assert any(not torch.equal(ckpt["state_dict"][k], v) for k, v in load(OLD)["state_dict"].items())
+
+
+def test_an_option_that_left_and_changed_training_or_evaluation_is_refused_there_only(tmp_path, capsys):
+    """tta_flip evaluated on mirror images too, decay "linear" decayed the lr linearly: a test or a resume would
+    silently do otherwise, so they say so; the inference commands never read either and load it as before."""
+    from vit.inference import load_classifier
+
+    old = load(OLD)
+    old["hyper_parameters"].update(tta_flip=True, decay="linear", pos_init="sincos")
+    crafted = tmp_path / "flip.ckpt"
+    torch.save(old, crafted)
+    assert train_here(tmp_path, None, "test", "--ckpt_path", str(crafted), *data_args(tmp_path)) == 2
+    (error,) = errors_of(capsys)
+    assert error.startswith(f"error: {crafted}: written with --model.tta_flip true, which this version no longer "
+                            "has: validation and test would no longer average") and "decay" not in error
+    assert train_here(tmp_path, None, "--ckpt_path", str(crafted), *data_args(tmp_path), *ARCH) == 2
+    (error,) = errors_of(capsys)
+    assert "--model.decay linear" in error and "--model.tta_flip true" in error and "pos_init" not in error
+    assert "resume it with the version that wrote it" in error
+    proc = run_here("classify.py", "--checkpoint", crafted, IMAGE, "--json", "--top-k", "10")
+    assert proc.returncode == 0, proc.stderr
+    names = load_classifier(crafted).class_names
+    assert probabilities(json.loads(proc.stdout)[0]["predictions"], names) == pytest.approx(BEFORE["probabilities"],
+                                                                                          abs=1e-4)
