@@ -35,7 +35,7 @@ def bench_checkpoint(device: torch.device, repeats: int, interval_minutes: float
         tmp = Path(tmp)
         write_fake(tmp, 256 // 5, 256 // 5)
         for recipe, config in shapes.items():
-            model = ViTClassifier(arch=config, optimizer="muon", ema_decay=0.999)
+            model = ViTClassifier(arch=config, optimizer={"name": "muon"}, ema_decay=0.999)
             dm = CIFAR10DataModule(root=str(tmp), batch_size=64, val_size=64, num_workers=0, download=False)
             trainer = L.Trainer(accelerator=device.type, devices=1, max_steps=1, logger=False,
                                 enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,

@@ -23,7 +23,7 @@ def bench_training_step(preset: str, batch_size: int, device: torch.device, dtyp
 
     torch.manual_seed(0)
     normalize = Normalize(CIFAR10_MEAN, CIFAR10_STD).to(device)
-    module = ViTClassifier(arch=config or ViTConfig(**PRESETS[preset]), optimizer="muon" if muon_ns else "adamw")
+    module = ViTClassifier(arch=config or ViTConfig(**PRESETS[preset]), optimizer={"name": "muon" if muon_ns else "adamw"})
     model = module.model.to(device).train()
     if compile_model:
         model.compile()
