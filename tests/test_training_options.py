@@ -20,8 +20,8 @@ LEVERS = ["--model.optimizer.name", "muon", "--model.ema_decay", "0.9", "--model
 
 
 @pytest.fixture(scope="module")
-def lever_run(tmp_path_factory, fake_cifar_session):
-    """The run folder and the test line of one run with every lever on."""
+def options_run(tmp_path_factory, fake_cifar_session):
+    """The run folder and the test line of one run with every option on."""
     import logging
 
     full = tmp_path_factory.mktemp("full")
@@ -37,8 +37,8 @@ def lever_run(tmp_path_factory, fake_cifar_session):
     return full, tested
 
 
-def test_the_levers_train_to_full_size_with_muon_and_the_ema(lever_run):
-    full, _ = lever_run
+def test_the_options_train_to_full_size_with_muon_and_the_ema(options_run):
+    full, _ = options_run
     a = load(full / "runs/smoke/version_0/checkpoints/last.ckpt")
     assert a["global_step"] == 16 and a["schedule"]["share"] == 1.0
     assert any(k.startswith("ema.module.") for k in a["state_dict"])  # the EMA and the raw weights, both kept
@@ -47,12 +47,12 @@ def test_the_levers_train_to_full_size_with_muon_and_the_ema(lever_run):
     assert [g.get("use_fallback", False) for g in state["param_groups"]] == [False, True, True]  # Muon, AdamW ×2
 
 
-def test_the_ema_weights_are_tested_classified_and_exported(lever_run, fake_cifar_session, tmp_path):
+def test_the_ema_weights_are_tested_classified_and_exported(options_run, fake_cifar_session, tmp_path):
     from vit.data import CIFAR10DataModule
     from vit.inference import load_classifier
     from vit.module import ViTClassifier
 
-    full, tested_line = lever_run
+    full, tested_line = options_run
     (best,) = (full / "runs/smoke/version_0/checkpoints").glob("best-*.ckpt")
     ckpt = load(best)
     ema = {k.removeprefix("ema.module."): v for k, v in ckpt["state_dict"].items() if k.startswith("ema.module.")}
@@ -118,7 +118,7 @@ def test_muon_runs_newton_schulz_in_the_dtype_asked_and_leaves_timm_as_it_was():
     assert (updates[torch.bfloat16] - expected).abs().max() > 1e-3
 
 
-def test_a_progressive_resizing_checkpoint_classifies_at_full_size(lever_run, tmp_path, capsys):
+def test_a_progressive_resizing_checkpoint_classifies_at_full_size(options_run, tmp_path, capsys):
     """classify on the run's last checkpoint: a 32-px image and a larger one, both through the full-size
     model, with the probabilities the in-process 32-px forward gives."""
     import json
@@ -129,7 +129,7 @@ def test_a_progressive_resizing_checkpoint_classifies_at_full_size(lever_run, tm
     from vit.commands.classify import main
     from vit.inference import load_classifier
 
-    full, _ = lever_run
+    full, _ = options_run
     last = full / "runs/smoke/version_0/checkpoints/last.ckpt"
     rng = np.random.default_rng(0)
     Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(tmp_path / "small.png")
