@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # How long `make test` takes, from fresh clones, commits alternating (docs/development.md's table):
-#   bash scripts/time_suite.sh ROUNDS COMMIT...      e.g.  bash scripts/time_suite.sh 2 2f47865 HEAD
+#   bash scripts/time_suite.sh ROUNDS COMMIT...      e.g.  bash scripts/time_suite.sh 2 HEAD~50 HEAD
 # Each round clones every commit into a temporary folder (the first round runs them in the order given, the
 # next in reverse, and so on), installs it (not timed) and times `make test` there with a cold torch.compile
 # cache; each time is written to results/suite/COMMIT-rROUND.json (or RESULTS=DIR) with the machine and the
@@ -30,7 +30,7 @@ import json, os, platform, sys
 from datetime import datetime, timezone
 out, commit, rnd, start, end, status, summary, args = sys.argv[1:]
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.machine())
-record = {"row": f"make test at {commit}, round {rnd}", "command": f"make test ARGS='{args}'",
+record = {"row": f"make test at {commit}, repeat {rnd}", "command": f"make test ARGS='{args}'",
           "commit": commit, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": cpu, "cpu": cpu,
           "cpu_cores": len(os.sched_getaffinity(0)), "exit_status": int(status),
           "wall_seconds": round(float(end) - float(start), 1), "summary": summary}
