@@ -117,7 +117,8 @@ runs:
                           "#SBATCH --time=02:00:00", "#SBATCH --signal=SIGUSR1@90", "#SBATCH --requeue",
                           "#SBATCH --open-mode=append", f"#SBATCH --output={tmp_path}/runs/sweep/slurm-%A_%a.out"]
     assert "export WANDB_RUN_GROUP=sweep\n" in text
-    arms = re.findall(r"^  (\d+)\) cd (\S+) && srun (.*) \|\| status=\$\? ;;$", text, re.M)
+    arms = re.findall(r"^  (\d+)\) if \[ -e \S+ \]; then echo .*; else cd (\S+) && srun (.*) \|\| status=\$\?; fi ;;$",
+                      text, re.M)
     assert [int(i) for i, _, _ in arms] == list(range(6)) and {cwd for _, cwd, _ in arms} == {str(ROOT)}
     expanded = plans.load(plan).runs
     for (_, _, command), job in zip(arms, expanded):  # task i: the plan's run i, as vit-plan run starts it
@@ -192,7 +193,7 @@ def test_the_plan_of_docs_experiments_is_the_example_file_and_expands_to_its_run
                                   "--model.optimizer.weight_decay", "0.025")
 
 
-def test_a_run_that_stops_where_it_resumes_ends_the_plan_with_exit_4_unless_minutes_asked_for_it(tmp_path):
+def test_a_run_that_stops_where_it_resumes_ends_the_plan_with_exit_4_unless_minutes_asked_for_it(tmp_path, fake_cifar):
     """vit-train's exit 4 (a signal, a time limit): without --minutes the plan stops and says the same
     command continues; with --minutes (commands bounded on purpose) the next command continues the run."""
     plan = plans.load(tiny_plan(tmp_path / "grid.yaml"))
@@ -202,12 +203,12 @@ def test_a_run_that_stops_where_it_resumes_ends_the_plan_with_exit_4_unless_minu
         started.append([job.name for job in jobs])
         return [plans.STOPPED] * len(jobs)
 
-    runner = plans.Runner(tmp_path / "data", tmp_path / "runs")
+    runner = plans.Runner(fake_cifar, tmp_path / "runs")
     runner.train_at_once = stopped
     with pytest.raises(plans.PlanStopped, match="base-s0: vit-train stopped where it resumes"):
         runner.run_plan(plan)
     assert started == [["base-s0", "base-s1"]]
-    bounded = plans.Runner(tmp_path / "data", tmp_path / "runs", minutes=5, max_commands=3)
+    bounded = plans.Runner(fake_cifar, tmp_path / "runs", minutes=5, max_commands=3)
     bounded.train_at_once = stopped
     assert bounded.run_plan(plan) is False and started[1:] == [["base-s0", "base-s1"]] * 3
 
