@@ -545,9 +545,9 @@ def sbatch_script(plan: Plan, runner: Runner) -> str:
         else:
             command, where, srun = runner.train_command(job), runner.tree(job), "srun"
         prefix = f"cd {shlex.quote(str(where))} && " + (
-            f"PYTHONPATH={runner.pythonpath(where, shell=True)} " if getattr(job, "commit", None)
-            else "")
-        commands.append(f"if [ -e {shlex.quote(str(record))} ]; then echo {shlex.quote(f'{job.table}/{job.name}: done, its record is {record}')}; "
+            f"PYTHONPATH={runner.pythonpath(where, shell=True)} " if getattr(job, "commit", None) else "")
+        done = shlex.quote(f"{job.table}/{job.name}: done, its record is {record}")  # submitted again: not rerun
+        commands.append(f"if [ -e {shlex.quote(str(record))} ]; then echo {done}; "
                         f"else {prefix}{srun} {shlex.join(command)} || status=$?; fi")
     lines = [
         "#!/bin/bash",
