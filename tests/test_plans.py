@@ -117,7 +117,8 @@ runs:
                           "#SBATCH --time=02:00:00", "#SBATCH --signal=SIGUSR1@90", "#SBATCH --requeue",
                           "#SBATCH --open-mode=append", f"#SBATCH --output={tmp_path}/runs/sweep/slurm-%A_%a.out"]
     assert "export WANDB_RUN_GROUP=sweep\n" in text
-    arms = re.findall(r"^  (\d+)\) cd (\S+) && srun (.*) \|\| status=\$\? ;;$", text, re.M)
+    arms = re.findall(r"^  (\d+)\) if \[ -e \S+ \]; then echo .*; else cd (\S+) && srun (.*) \|\| status=\$\?; fi ;;$",
+                      text, re.M)
     assert [int(i) for i, _, _ in arms] == list(range(6)) and {cwd for _, cwd, _ in arms} == {str(ROOT)}
     expanded = plans.load(plan).runs
     for (_, _, command), job in zip(arms, expanded):  # task i: the plan's run i, as vit-plan run starts it
@@ -192,7 +193,7 @@ def test_the_plan_of_docs_experiments_is_the_example_file_and_expands_to_its_run
                                   "--model.optimizer.weight_decay", "0.025")
 
 
-def test_a_run_that_stops_where_it_resumes_ends_the_plan_with_exit_4_unless_minutes_asked_for_it(tmp_path):
+def test_a_run_that_stops_where_it_resumes_ends_the_plan_with_exit_4_unless_minutes_asked_for_it(tmp_path, fake_cifar):
     """vit-train's exit 4 (a signal, a time limit): without --minutes the plan stops and says the same
     command continues; with --minutes (commands bounded on purpose) the next command continues the run."""
     plan = plans.load(tiny_plan(tmp_path / "grid.yaml"))
@@ -202,12 +203,12 @@ def test_a_run_that_stops_where_it_resumes_ends_the_plan_with_exit_4_unless_minu
         started.append([job.name for job in jobs])
         return [plans.STOPPED] * len(jobs)
 
-    runner = plans.Runner(tmp_path / "data", tmp_path / "runs")
+    runner = plans.Runner(fake_cifar, tmp_path / "runs")
     runner.train_at_once = stopped
     with pytest.raises(plans.PlanStopped, match="base-s0: vit-train stopped where it resumes"):
         runner.run_plan(plan)
     assert started == [["base-s0", "base-s1"]]
-    bounded = plans.Runner(tmp_path / "data", tmp_path / "runs", minutes=5, max_commands=3)
+    bounded = plans.Runner(fake_cifar, tmp_path / "runs", minutes=5, max_commands=3)
     bounded.train_at_once = stopped
     assert bounded.run_plan(plan) is False and started[1:] == [["base-s0", "base-s1"]] * 3
 
@@ -241,3 +242,112 @@ def test_an_array_task_runs_its_own_run_and_requeues_itself_when_the_run_stopped
     assert (tmp_path / "scontrol").read_text() == "requeue 71\n"
     beyond = task(2)
     assert beyond.returncode == 2 and "task 2: two.yaml has runs 0 to 1" in beyond.stderr
+
+
+def git(*args, cwd: Path) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_a_commits_checkout_is_made_whole_under_runs_checkouts_linked_to_its_recipes_and_reused(tmp_path, monkeypatch):
+    """A run's ``commit:`` is a clone of this repository (a temporary one here) at that commit, made in a
+    sibling folder and moved into place when complete (a clone cut short is never used), its configs/ linked
+    as vit/configs; the next run of the commit reuses it; a commit the clone lacks is one line."""
+    repo = tmp_path / "repo"
+    (repo / "vit").mkdir(parents=True)
+    (repo / "configs").mkdir()
+    write(repo / "vit" / "__init__.py", "")
+    write(repo / "configs" / "cpu.yaml", "old: 1\n")
+    git("init", "--quiet", cwd=repo)
+    git("add", ".", cwd=repo)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "-m", "old", cwd=repo)
+    old = git("rev-parse", "HEAD", cwd=repo)
+    write(repo / "configs" / "cpu.yaml", "new: 1\n")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "-am", "new", cwd=repo)
+    monkeypatch.setattr(plans, "REPO", repo)
+    runner = plans.Runner(tmp_path / "data", tmp_path / "runs")
+    stale = tmp_path / "runs" / ".checkouts" / f"{old[:7]}.part-{os.getpid()}"  # a clone cut short before
+    (stale / "vit").mkdir(parents=True)
+    tree = runner.tree(plans.Run("t", "a", "a", (), commit=old))
+    assert tree == tmp_path / "runs" / ".checkouts" / old[:7] and not stale.exists()
+    assert (tree / "vit" / "configs" / "cpu.yaml").read_text() == "old: 1\n"  # its recipes, as its package's
+    assert git("rev-parse", "HEAD", cwd=tree) == old
+    write(tree / "marker", "")
+    assert runner.tree(plans.Run("t", "b", "b", (), commit=old)) == tree and (tree / "marker").exists()
+    with pytest.raises(plans.PlanFailed, match=r"t/c runs commit 0{40}, which this clone does not have") as e:
+        runner.tree(plans.Run("t", "c", "c", (), commit="0" * 40))
+    assert "\n" not in str(e.value)
+    assert sorted(p.name for p in (tmp_path / "runs" / ".checkouts").iterdir()) == [old[:7]]
+
+
+def test_a_benchmark_task_has_its_reports_folder_and_one_srun_task_and_a_task_with_a_record_is_not_rerun(tmp_path, capsys):
+    plan = write(tmp_path / "two.yaml", "args: [--config, smoke]\nresources: {gpus: 2}\n"
+                                         "runs: [{name: a}, {name: speed, benchmark: [--sections, step]}]\n")
+    assert main(["submit", str(plan), "--runs", str(tmp_path / "runs"), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "#SBATCH --ntasks=2" in text and (tmp_path / "runs" / "benchmark-two").is_dir()
+    (arm,) = [line for line in text.splitlines() if line.startswith("  1) ")]
+    assert "srun --ntasks=1 " in arm and f"--output {tmp_path}/runs/benchmark-two/speed.json" in arm
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    write(bin_ / "srun", f"#!/bin/bash\ntouch {tmp_path}/srun.$SLURM_ARRAY_TASK_ID\n")
+    (bin_ / "srun").chmod(0o755)
+    write(tmp_path / "runs" / "benchmark-two" / "speed.json", "{}")
+    (tmp_path / "runs" / "two" / "a").mkdir(parents=True)
+    write(tmp_path / "runs" / "two" / "a" / "results.json", "{}")
+    for i in (0, 1):  # submitted again: each task's record exists, and it says so
+        env = {"PATH": f"{bin_}:{os.environ['PATH']}", "SLURM_ARRAY_TASK_ID": str(i), "SLURM_JOB_ID": "7"}
+        done = subprocess.run(["bash", str(tmp_path / "runs" / "two" / "two.sbatch")], env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0 and ": done, its record is " in done.stdout, done.stderr
+        assert not (tmp_path / f"srun.{i}").exists()
+
+
+def test_runs_at_once_are_refused_beyond_this_processes_cores_or_with_gpus_and_each_gets_one_thread(tmp_path, capsys,
+                                                                                                   fake_cifar, monkeypatch):
+    cores = len(os.sched_getaffinity(0))
+    many = write(tmp_path / "many.yaml", f"args: [--config, smoke]\nresources: {{at_once: {cores + 1}}}\nruns: [{{name: a}}]\n")
+    assert main(["run", str(many), "--runs", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert f"resources.at_once {cores + 1}: this process may use {cores} CPU core(s)" in err and err.count("\n") == 1
+    gpus = write(tmp_path / "gpus.yaml", "args: [--config, smoke]\nresources: {gpus: 1, at_once: 2}\nruns: [{name: a}]\n")
+    assert main(["run", str(gpus), "--runs", str(tmp_path / "runs")]) == 2
+    assert "at_once 2 with gpus 1" in capsys.readouterr().err and not (tmp_path / "runs").exists()
+    if cores < 2:
+        pytest.skip("runs at once need two CPU cores")
+    started = []
+
+    class Started:
+        def __init__(self, command, env, preexec_fn, cwd):
+            started.append((env.get("OMP_NUM_THREADS"), preexec_fn is not None))
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(plans.subprocess, "Popen", Started)
+    three = write(tmp_path / "three.yaml", "args: [--config, smoke]\nseeds: [0, 1, 2]\nresources: {at_once: 2}\n"
+                                           "runs: [{name: a}]\n")
+    assert plans.Runner(fake_cifar, tmp_path / "runs").run_plan(plans.load(three))
+    assert started == [("1", True)] * 3  # the last group's run alone too: one core, one thread
+
+
+def test_missing_cifar_is_fetched_once_before_any_run_and_a_failed_fetch_is_one_line(tmp_path, capsys, monkeypatch):
+    from vit import cifar
+    from vit.exits import DatasetError
+
+    def offline(root, *args):
+        raise DatasetError("no network")
+
+    monkeypatch.setattr(cifar, "download", offline)
+    plan = write(tmp_path / "one.yaml", "args: [--config, smoke]\nruns: [{name: a}]\n")
+    assert main(["run", str(plan), "--runs", str(tmp_path / "runs"), "--data-root", str(tmp_path / "data")]) == 1
+    err = capsys.readouterr().err
+    assert "CIFAR-10 is not in" in err and "run `make data`" in err and err.count("\n") == 1
+    assert not (tmp_path / "runs" / "one").exists()
+    fetched = []
+    monkeypatch.setattr(cifar, "download", lambda root, *args: fetched.append(cifar.write_fake(root)))
+    runner = plans.Runner(tmp_path / "data", tmp_path / "runs")
+    runner.train_at_once = lambda jobs, k=0: [plans.STOPPED] * len(jobs)
+    with pytest.raises(plans.PlanStopped):
+        runner.run_plan(plans.load(plan))
+    runner.cifar(plans.load(plan))
+    assert fetched == [tmp_path / "data"]  # once

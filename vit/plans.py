@@ -314,6 +314,7 @@ class Runner:
     commands: int = 0
     quick_report: Path | None = None  # --quick: the one benchmark's report
     group: str | None = None  # the W&B group of the plan being run
+    pin: bool = False  # the plan runs several at once (resources.at_once > 1): each run one core, one thread
 
     def record_path(self, job: Run | Benchmark) -> Path:
         if self.results_dir is not None:
@@ -326,20 +327,66 @@ class Runner:
         return self.runs_root / job.table / job.name / results.FILE
 
     def tree(self, job: Run) -> Path:
-        """Where the job's code is: this checkout, or a clone of the job's commit under the runs folder."""
+        """Where the job's code is: this checkout, or a clone of the job's commit under RUNS/.checkouts (made in a
+        sibling folder and moved into place when complete: a clone that was cut short is never used)."""
         if job.commit is None:
             return REPO
-        tree = self.runs_root / "checkouts" / job.commit[:7]
+        tree = self.runs_root / ".checkouts" / job.commit[:7]
         if not tree.is_dir():
             if subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{job.commit}^{{commit}}"]).returncode:
                 raise PlanFailed(f"{job.table}/{job.name} runs commit {job.commit}, which this clone does not have "
                                  "(a shallow clone? `git fetch --unshallow` brings it)")
-            subprocess.run(["git", "clone", "--quiet", "--shared", "--no-checkout", str(REPO), str(tree)], check=True)
-            subprocess.run(["git", "-C", str(tree), "checkout", "--quiet", "--detach", job.commit], check=True)
+            tree.parent.mkdir(parents=True, exist_ok=True)
+            part = tree.with_name(f"{tree.name}.part-{os.getpid()}")
+            shutil.rmtree(part, ignore_errors=True)
+            for command in (["git", "clone", "--quiet", "--shared", "--no-checkout", str(REPO), str(part)],
+                            ["git", "-C", str(part), "checkout", "--quiet", "--detach", job.commit]):
+                done = subprocess.run(command, capture_output=True, text=True)
+                if done.returncode:
+                    shutil.rmtree(part, ignore_errors=True)
+                    why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+                    raise PlanFailed(f"{job.table}/{job.name}: could not check out commit {job.commit} into {tree} "
+                                     f"({shlex.join(command[:4])}: {why})")
             # its recipes as its package (pyproject's package-dir maps configs/ to vit.configs), so that
             # PYTHONPATH=tree imports its vit and its recipes, never this checkout's (an untracked link)
-            (tree / "vit" / "configs").symlink_to(Path("..") / "configs")
+            link = part / "vit" / "configs"
+            if not link.exists() and not link.is_symlink():
+                link.symlink_to(Path("..") / "configs")
+            try:
+                os.replace(part, tree)
+            except OSError:  # another process put the same checkout in place first
+                shutil.rmtree(part, ignore_errors=True)
+                if not tree.is_dir():
+                    raise
         return tree
+
+    @staticmethod
+    def pythonpath(tree: Path, rest: str | None = None, shell: bool = False) -> str:
+        """PYTHONPATH for a commit's run: its own checkout first (before this checkout's installed package),
+        then ``rest``; ``shell``: a bash word that appends the script's own $PYTHONPATH when set."""
+        if shell:
+            return shlex.quote(str(tree)) + "${PYTHONPATH:+:$PYTHONPATH}"
+        return os.pathsep.join(filter(None, [str(tree), rest]))
+
+    def cifar(self, plan: Plan) -> None:
+        """CIFAR-10 in the data root before any run starts (runs at once, or a job array's tasks, would each
+        fetch it into one folder): downloaded once here when missing; --quick: generated."""
+        from vit import cifar
+        from vit.exits import DatasetError
+
+        if not any(isinstance(job, Run) and job.data == "cifar" for job in plan.runs):
+            return
+        if cifar.is_complete(self.data_root / cifar.FOLDER):
+            return
+        if self.quick:
+            make_quick_data(self.data_root)
+            return
+        print(f"[plan] CIFAR-10 into {self.data_root / cifar.FOLDER}", flush=True)
+        try:
+            cifar.download(self.data_root)
+        except DatasetError as e:
+            raise PlanFailed(f"CIFAR-10 is not in {self.data_root} and could not be downloaded here: run `make data` "
+                             f"(python -m vit.commands.data --root {self.data_root}) where there is network") from e
 
     def folders(self) -> Path:
         """Fashion-MNIST as image folders, DATA_ROOT/fashion-mnist-folders, made once from
@@ -372,11 +419,25 @@ class Runner:
         """Run the plan's runs (or only its run ``index``, alone) to their end (False: stopped by
         max_commands; run again to continue)."""
         self.group = plan.table
+        self.check(plan)
+        self.cifar(plan)
+        self.pin = index is None and plan.resources["at_once"] > 1
         groups = [[plan.runs[index]]] if index is not None else plan.groups()
         for k, group in enumerate(groups):
             if not self.run_group(group, k):
                 return False
         return True
+
+    def check(self, plan: Plan) -> None:
+        """Refuse, before any work, resources this machine cannot give the plan's runs at once."""
+        r = plan.resources
+        if r["at_once"] > 1 and r["gpus"] > 0:
+            raise ConfigError(f"{plan.path}: resources.at_once {r['at_once']} with gpus {r['gpus']}: runs at once "
+                              "share this machine's CPU cores, not its GPUs; use at_once: 1")
+        cores = len(os.sched_getaffinity(0))
+        if r["at_once"] > cores:
+            raise ConfigError(f"{plan.path}: resources.at_once {r['at_once']}: this process may use {cores} CPU "
+                              f"core(s), one per run at once; use at_once: {cores} or fewer")
 
     def run_group(self, group: list[Run | Benchmark], k: int = 0) -> bool:
         todo = [job for job in group if not self.record_path(job).is_file()]
@@ -407,9 +468,10 @@ class Runner:
         return env
 
     def train_at_once(self, jobs: list[Run], k: int = 0) -> list[int]:
-        """Each job as one command (of at most ``minutes`` when given); several at once get one CPU core and
-        one thread each, the cores taken in turn by the plan's groups (the k-th starts at core k)."""
-        pinned = len(jobs) > 1
+        """Each job as one command (of at most ``minutes`` when given); the runs of a plan with several at once
+        (``pin``) get one CPU core and one thread each, a group's last run alone too, the cores taken in turn by
+        the plan's groups (the k-th starts at core k)."""
+        pinned = self.pin or len(jobs) > 1
         cores = sorted(os.sched_getaffinity(0))
         procs = []
         for i, job in enumerate(jobs):
@@ -419,7 +481,7 @@ class Runner:
             env = self.environment(pinned)
             tree = self.tree(job)
             if job.commit:  # its own package first (before this checkout's installed one)
-                env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), env.get("PYTHONPATH")]))
+                env["PYTHONPATH"] = self.pythonpath(tree, env.get("PYTHONPATH"))
             affinity = (lambda c=core: os.sched_setaffinity(0, {c})) if pinned else None
             procs.append(subprocess.Popen(command, env=env, preexec_fn=affinity, cwd=tree))
         return [p.wait() for p in procs]
@@ -476,13 +538,17 @@ def sbatch_script(plan: Plan, runner: Runner) -> str:
     out = runner.runs_root / plan.table
     commands = []
     for job in plan.runs:
+        record = runner.own_record(job)
         if isinstance(job, Benchmark):
-            command, where = runner.benchmark_command(job, runner.own_record(job)), REPO
+            record.parent.mkdir(parents=True, exist_ok=True)  # its report's folder (benchmark-TABLE)
+            command, where, srun = runner.benchmark_command(job, record), REPO, "srun --ntasks=1"
         else:
-            command, where = runner.train_command(job), runner.tree(job)
+            command, where, srun = runner.train_command(job), runner.tree(job), "srun"
         prefix = f"cd {shlex.quote(str(where))} && " + (
-            f"PYTHONPATH={shlex.quote(str(where))}${{PYTHONPATH:+:$PYTHONPATH}} " if getattr(job, "commit", None) else "")
-        commands.append(f"{prefix}srun {shlex.join(command)} || status=$?")
+            f"PYTHONPATH={runner.pythonpath(where, shell=True)} " if getattr(job, "commit", None) else "")
+        done = shlex.quote(f"{job.table}/{job.name}: done, its record is {record}")  # submitted again: not rerun
+        commands.append(f"if [ -e {shlex.quote(str(record))} ]; then echo {done}; "
+                        f"else {prefix}{srun} {shlex.join(command)} || status=$?; fi")
     lines = [
         "#!/bin/bash",
         f"# {plan.path.resolve()}: its {len(plan.runs)} runs as one SLURM job array, task i running the plan's run i",

@@ -146,6 +146,7 @@ def submit(plan, args) -> int:
         print("error: no sbatch here (SLURM's): submit from a login node of the cluster, or use --dry-run to only "
               "write the script", file=sys.stderr)
         return 2
+    runner.cifar(plan)  # the tasks would each fetch it into one folder: once, here, before they start
     done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
     if done.returncode:
         print(f"error: sbatch refused {script}: {done.stderr.strip()}", file=sys.stderr)
