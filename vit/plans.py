@@ -48,12 +48,12 @@ from pathlib import Path
 import yaml
 
 from vit import results
-from vit.exits import ConfigError
+from vit.exits import ConfigError, RunFailed, Stopped, status_of
 from vit.launch import array_script
 
 REPO = results.REPO
 EXPERIMENTS = REPO / "experiments"  # the plans of README's and docs/' tables (a checkout's, not the package's)
-STOPPED = 4  # vit-train's exit status for a run that stopped where it resumes
+STOPPED = status_of(Stopped())  # vit-train's exit status for a run that stopped where it resumes (4)
 NAME = re.compile(r"[A-Za-z0-9][\w-]*")
 PLAN_KEYS = {"table", "args", "seeds", "minutes", "resources", "runs", "history"}
 RUN_KEYS = {"name", "label", "args", "seeds", "minutes", "data", "commit", "benchmark"}
@@ -61,11 +61,11 @@ RESOURCE_KEYS = {"cpus": 1, "gpus": 0, "memory": None, "time": None, "at_once": 
 DATA = ("cifar", "fashion-mnist")
 
 
-class PlanFailed(RuntimeError):
+class PlanFailed(RunFailed):
     """A run of a plan failed (its own output says why) or could not start; the message says which."""
 
 
-class PlanStopped(RuntimeError):
+class PlanStopped(Stopped):
     """A run stopped where it resumes (vit-train's exit 4: a signal, a time limit) when no --minutes bound
     asked for it; the same command continues it."""
 

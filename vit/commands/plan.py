@@ -39,6 +39,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from vit.failures import exit_on_failure
+
 
 def _parser() -> argparse.ArgumentParser:
     from vit import plans
@@ -89,6 +91,7 @@ def _show(plan) -> str:
     return "\n".join(lines)
 
 
+@exit_on_failure
 def main(argv: list[str] | None = None) -> int:
     from vit import plans, tables
     from vit.exits import ConfigError
@@ -98,37 +101,27 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
-    try:
-        plan = plans.load(plans.find(args.plan))
-        if args.command == "show":
-            print(_show(plan))
-            return 0
-        if args.command == "table":
-            runner = plans.Runner(Path("data"), args.runs.resolve(), args.results and args.results.resolve())
-            print(f"{plan.path}: mean ± standard deviation over seeds; n: the runs with a record, of those planned")
-            print(tables.summary(plan, runner.record_path), end="")
-            return 0
-        if plan.history:
-            raise ConfigError(f"{plan.path}: history: a plan kept for its records; it does not run")
-        if args.command == "submit":
-            return submit(plan, args)
-        if args.index is not None and not 0 <= args.index < len(plan.runs):
-            raise ConfigError(f"--index {args.index}: the plan has runs 0 to {len(plan.runs) - 1} (vit-plan show)")
-        runner = plans.Runner(args.data_root.resolve(), args.runs.resolve(), args.results and args.results.resolve(),
-                              max_commands=args.max_commands)
-        if not runner.run_plan(plan, args.index):
-            print(f"[plan] stopped after {runner.commands} command(s) (--max-commands): run the same command again "
-                  "to continue", file=sys.stderr)
-            return 4
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except plans.PlanFailed as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except plans.PlanStopped as e:
-        print(f"[plan] {e}", file=sys.stderr)
-        return 4
+    plan = plans.load(plans.find(args.plan))
+    if args.command == "show":
+        print(_show(plan))
+        return 0
+    if args.command == "table":
+        runner = plans.Runner(Path("data"), args.runs.resolve(), args.results and args.results.resolve())
+        print(f"{plan.path}: mean ± standard deviation over seeds; n: the runs with a record, of those planned")
+        print(tables.summary(plan, runner.record_path), end="")
+        return 0
+    if plan.history:
+        raise ConfigError(f"{plan.path}: history: a plan kept for its records; it does not run")
+    if args.command == "submit":
+        return submit(plan, args)
+    if args.index is not None and not 0 <= args.index < len(plan.runs):
+        raise ConfigError(f"--index {args.index}: the plan has runs 0 to {len(plan.runs) - 1} (vit-plan show)")
+    runner = plans.Runner(args.data_root.resolve(), args.runs.resolve(), args.results and args.results.resolve(),
+                          max_commands=args.max_commands)
+    if not runner.run_plan(plan, args.index):
+        print(f"[plan] stopped after {runner.commands} command(s) (--max-commands): run the same command again "
+              "to continue", file=sys.stderr)
+        return plans.STOPPED
     return 0
 
 
