@@ -20,7 +20,7 @@ A plan file::
         label: the recipe
       - name: wd0
         label: + no weight decay
-        args: [--model.weight_decay, 0]
+        args: [--model.optimizer.weight_decay, 0]
 
 A run may also give its own ``seeds``, ``minutes``, ``data`` (``cifar``, or ``fashion-mnist``: Fashion-MNIST
 written as image folders under the data root), ``commit`` (run that commit of this repository, from a
@@ -36,6 +36,7 @@ after the table (WANDB_RUN_GROUP, which wandb reads).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shlex
@@ -129,7 +130,7 @@ def _fail(path: Path, key: str, what: str) -> ConfigError:
 def _words(value, path: Path, key: str) -> tuple[str, ...]:
     """A list of command-line words; numbers and booleans as YAML wrote them (true, 0.5)."""
     if not isinstance(value, list):
-        raise _fail(path, key, "takes a list of command-line words, e.g. [--model.lr, 1e-3]")
+        raise _fail(path, key, "takes a list of command-line words, e.g. [--model.optimizer.lr, 1e-3]")
     words = []
     for word in value:
         if isinstance(word, bool):
@@ -151,8 +152,8 @@ def _seeds(value, path: Path, key: str) -> tuple[int, ...]:
 
 
 def _minutes(value, path: Path, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise _fail(path, key, "takes a positive number of minutes")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise _fail(path, key, "takes a positive (finite) number of minutes")
     return float(value)
 
 

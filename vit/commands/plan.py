@@ -20,7 +20,7 @@ A plan file (`vit-plan show --help` has the whole schema):
     resources: {cpus: 2, gpus: 0, memory: 8G, time: "00:30:00"}
     runs:
       - {name: base, label: the cpu recipe}
-      - {name: nowd, label: + no weight decay, args: [--model.weight_decay, 0]}
+      - {name: nowd, label: + no weight decay, args: [--model.optimizer.weight_decay, 0]}
 
 Each run trains in RUNS/TABLE/NAME/ (default runs/TABLE/NAME/, TABLE the file's name), continuing a run
 that stopped (--ckpt_path last); its record is that folder's results.json. Every run of a plan logs to one

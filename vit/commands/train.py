@@ -58,10 +58,11 @@ class HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
 
 class RecipeFile(ActionConfigFile):
     """--config NAME|PATH|{...}: a recipe of vit.configs by name, any YAML or JSON file, or settings written
-    out as one mapping (W&B's sweep agent's ${args_json}: '{"model.lr": 0.001, ...}')."""
+    out as one mapping (W&B's sweep agent's ${args_json}: '{"model.optimizer.lr": 0.001, ...}')."""
 
     def __call__(self, parser, cfg, values, option_string=None):
         if configs.is_settings(values):
+            refuse_old_options(settings_model_options(values), "--config: ")
             super().__call__(parser, cfg, values, option_string)
             return
         path = configs.path(values)
@@ -115,6 +116,22 @@ def yaml_model_options(path: Path) -> dict:
         return {}  # jsonargparse says what is wrong with it
     model = recipe.get("model") if isinstance(recipe, dict) else None
     return model if isinstance(model, dict) else {}
+
+
+def settings_model_options(value: str) -> dict:
+    """The model options of settings given to --config as one mapping or a JSON file (W&B's ${args_json},
+    ${args_json_file}): ``{"model.lr": 0.001}`` or ``{"model": {"lr": 0.001}}`` as ``{"lr": 0.001}``."""
+    import json
+
+    try:
+        settings = json.loads(value if value.lstrip().startswith("{") else Path(value).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}  # jsonargparse says what is wrong with it
+    if not isinstance(settings, dict):
+        return {}
+    model = settings.get("model") if isinstance(settings.get("model"), dict) else {}
+    return {**model, **{key.removeprefix("model."): v for key, v in settings.items()
+                        if isinstance(key, str) and key.startswith("model.")}}
 
 
 def refuse_old_options(options: dict, where: str = "") -> None:
@@ -175,7 +192,7 @@ class ViTCLI(LightningCLI):
         parser = self.parser_class(**kwargs)
         parser.add_argument("-c", "--config", action=RecipeFile,
                             help=f"a recipe ({', '.join(configs.names())}), a YAML or JSON file, or settings as "
-                                 f"one mapping ('{{\"model.lr\": 0.001}}'); applied over the "
+                                 f"one mapping ('{{\"model.optimizer.lr\": 0.001}}'); applied over the "
                                  f"default recipe {configs.DEFAULT} in order")
         return parser
 
