@@ -108,6 +108,29 @@ def test_a_bad_plan_file_is_one_line_naming_the_file_and_the_key(tmp_path, capsy
     assert "missing.yaml: no such plan file" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("runs, said", [
+    ("[{name: ok}, {name: old, args: [--model.lr, 0.1]}]", "run old: --model.lr 0.1 is --model.optimizer.lr 0.1 now"),
+    ("[{name: typo, args: [--model.optimizer.lrr, 0.1]}]", "run typo: unrecognized arguments: --model.optimizer.lrr"),
+    ("[{name: b, benchmark: [--dtype, float64]}]", "run b: vit-benchmark: argument --dtype: invalid choice"),
+    ("[{name: b, benchmark: [--bogus]}]", "run b: vit-benchmark: unrecognized arguments: --bogus"),
+])
+@pytest.mark.parametrize("command", ["show", "run", "submit"])
+def test_a_runs_bad_or_old_option_is_refused_before_any_work(tmp_path, capsys, runs, said, command):
+    path = write(tmp_path / "bad.yaml", f"args: [--config, smoke]\nruns: {runs}\n")
+    extra = [] if command == "show" else ["--runs", str(tmp_path / "runs")] + (["--dry-run"] if command == "submit" else [])
+    assert main([command, str(path), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: {said}") and err.count("\n") == 1
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_run_of_another_commit_is_not_checked_against_todays_options(tmp_path, capsys):
+    path = write(tmp_path / "old.yaml", "args: [--config, smoke]\nruns: [{name: a, commit: abcdef0, "
+                                        "args: [--model.lr, 0.1]}]\n")
+    assert main(["show", str(path)]) == 0
+    assert "--model.lr 0.1" in capsys.readouterr().out
+
+
 def test_submit_writes_one_job_array_with_the_plans_resources(tmp_path, capsys):
     plan = write(tmp_path / "sweep.yaml", """# a sweep
 args: [--config, vit_cifar10]

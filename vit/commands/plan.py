@@ -91,6 +91,44 @@ def _show(plan) -> str:
     return "\n".join(lines)
 
 
+def check_arguments(plan) -> None:
+    """Each run's arguments parsed by the parser of its command (vit-train's, vit-benchmark's), as it would
+    parse them, before any work starts: a typo or an old option is one line naming the plan file and the run
+    (ConfigError). A run of another commit (commit:) takes that commit's options: not checked here."""
+    from vit.exits import ConfigError
+    from vit.plans import Benchmark
+
+    training = None
+    for job in plan.runs:
+        if getattr(job, "commit", None):
+            continue
+        try:
+            if isinstance(job, Benchmark):
+                _check_benchmark(list(job.args))
+                continue
+            from vit.commands import train
+
+            training = training or train.training_parser()
+            train.check_arguments(training, list(job.args))
+        except ConfigError as e:
+            raise ConfigError(f"{plan.path}: run {job.name}: {e}") from None
+
+
+def _check_benchmark(argv: list[str]) -> None:
+    from vit.commands.benchmark import parser
+    from vit.exits import ConfigError
+
+    on_error, parser.exit_on_error = parser.exit_on_error, False
+    try:
+        _, extra = parser.parse_known_args(argv)
+    except argparse.ArgumentError as e:
+        raise ConfigError(f"vit-benchmark: {e}") from None
+    finally:
+        parser.exit_on_error = on_error
+    if extra:
+        raise ConfigError(f"vit-benchmark: unrecognized arguments: {' '.join(extra)}")
+
+
 @exit_on_failure
 def main(argv: list[str] | None = None) -> int:
     from vit import plans, tables
@@ -102,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         return int(e.code or 0)
     plan = plans.load(plans.find(args.plan))
+    if args.command != "table" and not plan.history:
+        check_arguments(plan)
     if args.command == "show":
         print(_show(plan))
         return 0

@@ -172,6 +172,15 @@ def add_run_options(parser) -> None:
     parser.link_arguments("data.num_classes", "model.arch.num_classes", apply_on="instantiate")
 
 
+def refuse_old_command_line(args: list[str]) -> None:
+    given = {}
+    for i, arg in enumerate(args):
+        if arg.startswith("--model."):
+            key, equals, value = arg.removeprefix("--model.").partition("=")
+            given[key] = value if equals else (args[i + 1] if i + 1 < len(args) else None)
+    refuse_old_options(given)
+
+
 class ViTCLI(LightningCLI):
     def __init__(self, mode: str, argv: list[str], claimed: list[Path]):
         self.mode, self.argv, self.claimed, self.resume = mode, argv, claimed, None
@@ -200,12 +209,7 @@ class ViTCLI(LightningCLI):
         add_run_options(parser)
 
     def parse_arguments(self, parser, args):
-        given = {}
-        for i, arg in enumerate(args):
-            if arg.startswith("--model."):
-                key, equals, value = arg.removeprefix("--model.").partition("=")
-                given[key] = value if equals else (args[i + 1] if i + 1 < len(args) else None)
-        refuse_old_options(given)
+        refuse_old_command_line(args)
         self.config = parser.parse_args(args)
 
     def before_instantiate_classes(self):
@@ -331,6 +335,36 @@ def tell_others(cli: ViTCLI | None, code: int, line: str) -> None:
     watchdog = next((c for c in getattr(trainer, "callbacks", []) if isinstance(c, Watchdog)), None)
     if watchdog is not None:
         watchdog.tell_others(code, line)
+
+
+class _Built(Exception):
+    """Ends a ViTCLI's construction once its parser is built (nothing parsed, nothing made)."""
+
+
+def training_parser():
+    """vit-train's (fit's) parser, built once to check many command lines (``check_arguments``)."""
+    class Build(ViTCLI):
+        def parse_arguments(self, parser, args):
+            raise _Built(parser)
+
+    try:
+        Build("fit", ["--config", configs.DEFAULT], [])  # (a recipe named: no line on the CPU recipe)
+    except _Built as built:
+        return built.args[0]
+    raise AssertionError("ViTCLI parsed no arguments")
+
+
+def check_arguments(parser, argv: list[str]) -> None:
+    """Parse a fit's command line with ``training_parser()``'s parser, as vit-train would, without running:
+    a bad or old option raises ConfigError with the parser's one line."""
+    from jsonargparse import ArgumentError
+
+    parser.default_config_files = [str(p) for p in configs.default_files("fit", argv)]
+    refuse_old_command_line(argv)
+    try:
+        parser.parse_args(argv)
+    except ArgumentError as e:
+        raise ConfigError(failures.condense(str(e))) from None
 
 
 def main(argv: list[str] | None = None) -> int:
