@@ -32,7 +32,7 @@ def path(name: str) -> Path:
 
 def is_settings(value: str) -> bool:
     """A --config value that holds settings rather than naming a recipe: a mapping written out
-    ('{"model.lr": 0.001}', W&B's sweep agent's ${args_json}) or a JSON file (its ${args_json_file})."""
+    ('{"model.optimizer.lr": 0.001}', W&B's sweep agent's ${args_json}) or a JSON file (its ${args_json_file})."""
     return value.lstrip().startswith("{") or value.endswith(".json")
 
 

@@ -79,6 +79,17 @@ runs:
     ("runs: [{name: a b}]\n", "runs[0].name"),
     ("seeds: [0, 0]\nruns: [{name: a}]\n", "seeds"),
     ("minutes: -1\nruns: [{name: a}]\n", "minutes"),
+    ("minutes: .nan\nruns: [{name: a}]\n", "minutes"),
+    ("minutes: .inf\nruns: [{name: a}]\n", "minutes"),
+    ("minutes: true\nruns: [{name: a}]\n", "minutes"),
+    ("runs: [{name: a, minutes: .nan}]\n", "runs[0].minutes"),
+    ("seeds: [0.5]\nruns: [{name: a}]\n", "seeds"),
+    ("seeds: [true]\nruns: [{name: a}]\n", "seeds"),
+    ("runs: [{name: a, seeds: [-1]}]\n", "runs[0].seeds"),
+    ("resources: {cpus: 1.5}\nruns: [{name: a}]\n", "resources.cpus"),
+    ("resources: {cpus: .inf}\nruns: [{name: a}]\n", "resources.cpus"),
+    ("resources: {gpus: -1}\nruns: [{name: a}]\n", "resources.gpus"),
+    ("resources: {at_once: true}\nruns: [{name: a}]\n", "resources.at_once"),
     ("resources: {memory: lots}\nruns: [{name: a}]\n", "resources.memory"),
     ("resources: {gpu: 1}\nruns: [{name: a}]\n", "resources.gpu"),
     ("resources: {at_once: 0}\nruns: [{name: a}]\n", "resources.at_once"),
@@ -95,6 +106,29 @@ def test_a_bad_plan_file_is_one_line_naming_the_file_and_the_key(tmp_path, capsy
     assert err.startswith(f"error: {path}: {key}") and err.count("\n") == 1 and "Traceback" not in err
     assert main(["run", str(tmp_path / "missing.yaml")]) == 2
     assert "missing.yaml: no such plan file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("runs, said", [
+    ("[{name: ok}, {name: old, args: [--model.lr, 0.1]}]", "run old: --model.lr 0.1 is --model.optimizer.lr 0.1 now"),
+    ("[{name: typo, args: [--model.optimizer.lrr, 0.1]}]", "run typo: unrecognized arguments: --model.optimizer.lrr"),
+    ("[{name: b, benchmark: [--dtype, float64]}]", "run b: vit-benchmark: argument --dtype: invalid choice"),
+    ("[{name: b, benchmark: [--bogus]}]", "run b: vit-benchmark: unrecognized arguments: --bogus"),
+])
+@pytest.mark.parametrize("command", ["show", "run", "submit"])
+def test_a_runs_bad_or_old_option_is_refused_before_any_work(tmp_path, capsys, runs, said, command):
+    path = write(tmp_path / "bad.yaml", f"args: [--config, smoke]\nruns: {runs}\n")
+    extra = [] if command == "show" else ["--runs", str(tmp_path / "runs")] + (["--dry-run"] if command == "submit" else [])
+    assert main([command, str(path), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: {said}") and err.count("\n") == 1
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_run_of_another_commit_is_not_checked_against_todays_options(tmp_path, capsys):
+    path = write(tmp_path / "old.yaml", "args: [--config, smoke]\nruns: [{name: a, commit: abcdef0, "
+                                        "args: [--model.lr, 0.1]}]\n")
+    assert main(["show", str(path)]) == 0
+    assert "--model.lr 0.1" in capsys.readouterr().out
 
 
 def test_submit_writes_one_job_array_with_the_plans_resources(tmp_path, capsys):
@@ -180,6 +214,52 @@ def test_a_table_before_any_run_says_pending_and_a_history_plan_renders_but_does
     assert main(["run", str(old), "--runs", str(tmp_path / "runs")]) == 2
     assert "history: a plan kept for its records" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_table_leaves_out_a_missing_value_and_names_a_torn_record_in_one_line(tmp_path, capsys):
+    plan = tiny_plan(tmp_path / "grid.yaml")
+    folder = tmp_path / "runs" / "grid"
+    record = {"test_top1": 50.0, "best_val_acc": 52.0, "epochs": 1, "train_images_per_second": 100.0}
+    for name, best in (("base-s0", 52.0), ("base-s1", None)):  # a non-finite best is written null
+        (folder / name).mkdir(parents=True)
+        (folder / name / "results.json").write_text(json.dumps({**record, "best_val_acc": best}))
+    assert main(["table", str(plan), "--runs", str(tmp_path / "runs")]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| the toy recipe"))
+    assert "| 2 of 2 | 50.00 ± 0.00 | 52.00 (n=1) | 1.0 ± 0.0 |" in row
+    (folder / "base-s1" / "results.json").write_text('{"test_top1": 5')  # torn
+    assert main(["table", str(plan), "--runs", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "base-s1/results.json: not a readable record" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_the_commands_of_docs_experiments_run_as_a_user_types_them(tmp_path):
+    """docs/experiments.md's show, submit --dry-run and table, as subprocesses."""
+    def plan(*args):
+        done = subprocess.run([sys.executable, "scripts/plan.py", *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    example = "experiments/examples/weight-decay.yaml"
+    loaded = plans.load(ROOT / example)
+    shown = plan("show", example)
+    assert f"{len(loaded.runs)} run(s)" in shown and all(job.name in shown for job in loaded.runs)
+    plan("submit", example, "--dry-run", "--runs", str(tmp_path))
+    script = (tmp_path / loaded.table / f"{loaded.table}.sbatch").read_text()
+    assert f"#SBATCH --array=0-{len(loaded.runs) - 1}" in script
+    assert f"#SBATCH --cpus-per-task={loaded.resources['cpus']}" in script
+    assert f"#SBATCH --mem={loaded.resources['memory']}" in script and loaded.resources["memory"]
+    assert f"#SBATCH --time={loaded.resources['time']}" in script and loaded.resources["time"]
+    first = next(job for job in loaded.runs if isinstance(job, plans.Run))
+    same = [job for job in loaded.runs if isinstance(job, plans.Run) and job.change == first.change]
+    for job, top1 in zip(same[:2], (60.0, 62.0)):
+        (tmp_path / job.table / job.name).mkdir(parents=True)
+        (tmp_path / job.table / job.name / "results.json").write_text(json.dumps(
+            {"test_top1": top1, "best_val_acc": top1, "epochs": 2, "train_images_per_second": 10.0}))
+    table = plan("table", example, "--runs", str(tmp_path))
+    row = next(line for line in table.splitlines() if line.startswith(f"| {first.label.split(', seed')[0]} |"))
+    assert f"| 2 of {len(same)} | 61.00 ± 1.41 | 61.00 ± 1.41 | 2.0 ± 0.0 |" in row
 
 
 def test_the_plan_of_docs_experiments_is_the_example_file_and_expands_to_its_runs():

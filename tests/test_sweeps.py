@@ -213,3 +213,18 @@ def test_the_agents_script_is_an_array_with_train_sbatchs_cluster_lines():
     assert "#SBATCH --array=0-3" in directives and "#SBATCH --gpus-per-node=1" in directives
     assert commented == ["##SBATCH --partition", "##SBATCH --account", "##SBATCH --qos"]
     assert "`#SBATCH --gres=gpu:1`" in text
+
+
+@pytest.mark.parametrize("settings", ['{"model.lr": 0.001}', '{"model": {"lr": 0.001}}', "file"])
+def test_an_old_option_in_settings_given_to_config_says_where_it_is_now(settings, tmp_path, monkeypatch, capsys):
+    """W&B's ${args_json} (and ${args_json_file}) of a sweep written for the flat options: one line, exit 2."""
+    from vit.commands.train import main
+
+    if settings == "file":
+        (tmp_path / "args.json").write_text('{"model.lr": 0.001}')
+        settings = str(tmp_path / "args.json")
+    monkeypatch.chdir(tmp_path)
+    assert main(["--config", "smoke", "--config", settings]) == 2
+    (error,) = errors_of(capsys)
+    assert "--model.lr" in error and "--model.optimizer.lr" in error
+    assert not (tmp_path / "runs").exists()  # refused before any work

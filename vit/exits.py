@@ -54,6 +54,12 @@ class Preempted(Stopped):
     whether the job was requeued and where it resumes."""
 
 
+class RunFailed(RuntimeError):
+    """A command that ``vit-plan`` or ``vit-figures`` started failed, or could not start; its own output, above,
+    says why (with its traceback, if a bug). The plan's command ends with one line naming it and exit 1: the
+    status of a failure that is not a bad input of the plan's (no status of vit-train's table of its own)."""
+
+
 class LostProcesses(RuntimeError):
     """The processes of a multi-process run lost each other: a collective timed out or a peer died (exit 5).
     A stuck process ends with the same status (vit.guards.Watchdog)."""
@@ -108,6 +114,8 @@ RESUME_HEADER = "the same command resumes (with `--ckpt_path last`, as `train.sb
 
 def status_of(error: BaseException) -> int | None:
     """The exit status of a known error, None for anything else (a bug: exit 1 with its traceback)."""
+    if isinstance(error, RunFailed):
+        return 1
     return next((e.status for e in EXITS if e.error is not None and isinstance(error, e.error)), None)
 
 

@@ -20,7 +20,7 @@ A plan file::
         label: the recipe
       - name: wd0
         label: + no weight decay
-        args: [--model.weight_decay, 0]
+        args: [--model.optimizer.weight_decay, 0]
 
 A run may also give its own ``seeds``, ``minutes``, ``data`` (``cifar``, or ``fashion-mnist``: Fashion-MNIST
 written as image folders under the data root), ``commit`` (run that commit of this repository, from a
@@ -36,6 +36,7 @@ after the table (WANDB_RUN_GROUP, which wandb reads).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shlex
@@ -48,12 +49,12 @@ from pathlib import Path
 import yaml
 
 from vit import results
-from vit.exits import ConfigError
+from vit.exits import ConfigError, RunFailed, Stopped, status_of
 from vit.launch import array_script
 
 REPO = results.REPO
 EXPERIMENTS = REPO / "experiments"  # the plans of README's and docs/' tables (a checkout's, not the package's)
-STOPPED = 4  # vit-train's exit status for a run that stopped where it resumes
+STOPPED = status_of(Stopped())  # vit-train's exit status for a run that stopped where it resumes (4)
 NAME = re.compile(r"[A-Za-z0-9][\w-]*")
 PLAN_KEYS = {"table", "args", "seeds", "minutes", "resources", "runs", "history"}
 RUN_KEYS = {"name", "label", "args", "seeds", "minutes", "data", "commit", "benchmark"}
@@ -61,11 +62,11 @@ RESOURCE_KEYS = {"cpus": 1, "gpus": 0, "memory": None, "time": None, "at_once": 
 DATA = ("cifar", "fashion-mnist")
 
 
-class PlanFailed(RuntimeError):
+class PlanFailed(RunFailed):
     """A run of a plan failed (its own output says why) or could not start; the message says which."""
 
 
-class PlanStopped(RuntimeError):
+class PlanStopped(Stopped):
     """A run stopped where it resumes (vit-train's exit 4: a signal, a time limit) when no --minutes bound
     asked for it; the same command continues it."""
 
@@ -129,7 +130,7 @@ def _fail(path: Path, key: str, what: str) -> ConfigError:
 def _words(value, path: Path, key: str) -> tuple[str, ...]:
     """A list of command-line words; numbers and booleans as YAML wrote them (true, 0.5)."""
     if not isinstance(value, list):
-        raise _fail(path, key, "takes a list of command-line words, e.g. [--model.lr, 1e-3]")
+        raise _fail(path, key, "takes a list of command-line words, e.g. [--model.optimizer.lr, 1e-3]")
     words = []
     for word in value:
         if isinstance(word, bool):
@@ -151,8 +152,8 @@ def _seeds(value, path: Path, key: str) -> tuple[int, ...]:
 
 
 def _minutes(value, path: Path, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise _fail(path, key, "takes a positive number of minutes")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise _fail(path, key, "takes a positive (finite) number of minutes")
     return float(value)
 
 

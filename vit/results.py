@@ -124,12 +124,23 @@ def write(run: Path, record: dict, tested: str | None = None) -> Path:
     """``results.json`` (the run's record, after fit), or ``results-<checkpoint>.json`` for a later
     ``train.py test`` of one of its checkpoints, so that no record overwrites another."""
     path = run / (FILE if tested is None else f"results-{tested}.json")
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    part = path.with_name(f".{path.name}.part")  # whole or not at all: a stopped write leaves no torn record
+    part.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(part, path)
     return path
 
 
 def read(path: Path) -> dict:
-    return json.loads(Path(path).read_text())
+    """A record; one that cannot be read (torn, not JSON, not a mapping) raises RunError naming the file."""
+    from vit.exits import RunError
+
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RunError(f"{path}: not a readable record ({e}): run it again or remove the file") from None
+    if not isinstance(record, dict):
+        raise RunError(f"{path}: not a record (a JSON mapping): run it again or remove the file")
+    return record
 
 
 def record_run(trainer, module, mode: str, argv: list[str], ckpt: str | None, metrics: dict,

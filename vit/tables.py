@@ -191,9 +191,15 @@ def render(text: str, results_dir: Path, base: Path, plans: list[Plan] | None = 
 
 
 # --- a plan's summary over its seeds -------------------------------------------------------------------------
-def _spread(values: list[float], digits: int = 2) -> str:
+def _spread(values: list[float | None], digits: int = 2) -> str:
+    """mean ± standard deviation of the values a record has (a non-finite one is written null: left out, and
+    the count of those left says so)."""
+    missing = sum(v is None for v in values)
+    values = [v for v in values if v is not None]
     if not values:
         return "—"
+    if missing:
+        return f"{_spread(values, digits)} (n={len(values)})"
     mean = f"{statistics.fmean(values):,.{digits}f}"
     return f"{mean} ± {statistics.stdev(values):,.{digits}f}" if len(values) > 1 else mean
 
@@ -214,8 +220,9 @@ def summary(plan: Plan, record_of) -> str:
         own = f"`{shlex.join(jobs[0].own)}`" if jobs[0].own else "the plan's"
         cells = [label, own + (f" (commit {jobs[0].commit})" if jobs[0].commit else ""), f"{len(got)} of {len(jobs)}"]
         if got:
-            cells += [_spread([r["test_top1"] for r in got]), _spread([r["best_val_acc"] for r in got]),
-                      _spread([r["epochs"] for r in got], 1), _spread([r["train_images_per_second"] for r in got], 0)]
+            cells += [_spread([r.get("test_top1") for r in got]), _spread([r.get("best_val_acc") for r in got]),
+                      _spread([r.get("epochs") for r in got], 1),
+                      _spread([r.get("train_images_per_second") for r in got], 0)]
         else:
             cells += ["pending"] * 4
         lines.append("| " + " | ".join(cells) + " |")

@@ -21,7 +21,8 @@ benchmark stops with the sections it has not finished, which the next command me
 where it stopped.
 
 Exit status: 0 done; 1 a run failed (its own output says why) or a page differs (--check);
-2 a bad argument or plan file; 4 stopped by --max-commands: run it again to continue.
+2 a bad argument, plan file or record (one line); 4 stopped by --max-commands, or a run stopped where it
+resumes: run it again to continue.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+from vit.failures import exit_on_failure
 
 parser = argparse.ArgumentParser(prog="vit-figures", description=__doc__.split("\n\n")[0],
                                  epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -66,6 +69,7 @@ def quick_dirs(results_dir: Path) -> tuple[Path, Path]:
     return make_quick_data(quick / "data"), quick / "runs"  # (the same files each time: rng seed 0)
 
 
+@exit_on_failure
 def main(argv: list[str] | None = None) -> int:
     from vit import plans as plans_, tables
     from vit.exits import ConfigError
@@ -82,36 +86,22 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --quick needs --results DIR (toy records never go into the repository's results/)",
               file=sys.stderr)
         return 2
-    try:
-        every = plans_.load_all()
-        if args.plan:
-            chosen = [plans_.load(plans_.find(p)) for p in args.plan]
-        else:
-            chosen = [p for p in every if not p.history] if args.quick else [plans_.load(plans_.find(default_plan()))]
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    every = plans_.load_all()
+    if args.plan:
+        chosen = [plans_.load(plans_.find(p)) for p in args.plan]
+    else:
+        chosen = [p for p in every if not p.history] if args.quick else [plans_.load(plans_.find(default_plan()))]
     if not (args.render or args.check):
         data, runs = quick_dirs(results_dir) if args.quick else (args.data_root.resolve(), args.runs.resolve())
         runner = plans_.Runner(data, runs, results_dir, minutes=args.minutes, quick=args.quick,
                                max_commands=args.max_commands)
-        try:
-            for plan in chosen:
-                if plan.history:
-                    raise ConfigError(f"{plan.path}: history: a plan kept for its records; it does not run")
-                if not runner.run_plan(plan):
-                    print(f"[figures] stopped after {runner.commands} command(s) (--max-commands): run the same "
-                          f"command again to continue", file=sys.stderr)
-                    return 4
-        except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        except plans_.PlanFailed as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-        except plans_.PlanStopped as e:
-            print(f"[figures] {e}", file=sys.stderr)
-            return 4
+        for plan in chosen:
+            if plan.history:
+                raise ConfigError(f"{plan.path}: history: a plan kept for its records; it does not run")
+            if not runner.run_plan(plan):
+                print(f"[figures] stopped after {runner.commands} command(s) (--max-commands): run the same "
+                      f"command again to continue", file=sys.stderr)
+                return plans_.STOPPED
     pages = [args.readme] if args.readme else tables.pages()
     stale = []
     for page in pages:
@@ -119,8 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             rendered = tables.render(text, results_dir, page.resolve().parent, every)
         except ConfigError as e:
-            print(f"error: {page}: {e}", file=sys.stderr)
-            return 2
+            raise ConfigError(f"{page}: {e}") from None
         if rendered != text:
             stale.append(page)
             if not args.check:

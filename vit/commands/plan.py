@@ -20,7 +20,7 @@ A plan file (`vit-plan show --help` has the whole schema):
     resources: {cpus: 2, gpus: 0, memory: 8G, time: "00:30:00"}
     runs:
       - {name: base, label: the cpu recipe}
-      - {name: nowd, label: + no weight decay, args: [--model.weight_decay, 0]}
+      - {name: nowd, label: + no weight decay, args: [--model.optimizer.weight_decay, 0]}
 
 Each run trains in RUNS/TABLE/NAME/ (default runs/TABLE/NAME/, TABLE the file's name), continuing a run
 that stopped (--ckpt_path last); its record is that folder's results.json. Every run of a plan logs to one
@@ -38,6 +38,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from vit.failures import exit_on_failure
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,6 +91,45 @@ def _show(plan) -> str:
     return "\n".join(lines)
 
 
+def check_arguments(plan) -> None:
+    """Each run's arguments parsed by the parser of its command (vit-train's, vit-benchmark's), as it would
+    parse them, before any work starts: a typo or an old option is one line naming the plan file and the run
+    (ConfigError). A run of another commit (commit:) takes that commit's options: not checked here."""
+    from vit.exits import ConfigError
+    from vit.plans import Benchmark
+
+    training = None
+    for job in plan.runs:
+        if getattr(job, "commit", None):
+            continue
+        try:
+            if isinstance(job, Benchmark):
+                _check_benchmark(list(job.args))
+                continue
+            from vit.commands import train
+
+            training = training or train.training_parser()
+            train.check_arguments(training, list(job.args))
+        except ConfigError as e:
+            raise ConfigError(f"{plan.path}: run {job.name}: {e}") from None
+
+
+def _check_benchmark(argv: list[str]) -> None:
+    from vit.commands.benchmark import parser
+    from vit.exits import ConfigError
+
+    on_error, parser.exit_on_error = parser.exit_on_error, False
+    try:
+        _, extra = parser.parse_known_args(argv)
+    except argparse.ArgumentError as e:
+        raise ConfigError(f"vit-benchmark: {e}") from None
+    finally:
+        parser.exit_on_error = on_error
+    if extra:
+        raise ConfigError(f"vit-benchmark: unrecognized arguments: {' '.join(extra)}")
+
+
+@exit_on_failure
 def main(argv: list[str] | None = None) -> int:
     from vit import plans, tables
     from vit.exits import ConfigError
@@ -98,37 +139,29 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
-    try:
-        plan = plans.load(plans.find(args.plan))
-        if args.command == "show":
-            print(_show(plan))
-            return 0
-        if args.command == "table":
-            runner = plans.Runner(Path("data"), args.runs.resolve(), args.results and args.results.resolve())
-            print(f"{plan.path}: mean ± standard deviation over seeds; n: the runs with a record, of those planned")
-            print(tables.summary(plan, runner.record_path), end="")
-            return 0
-        if plan.history:
-            raise ConfigError(f"{plan.path}: history: a plan kept for its records; it does not run")
-        if args.command == "submit":
-            return submit(plan, args)
-        if args.index is not None and not 0 <= args.index < len(plan.runs):
-            raise ConfigError(f"--index {args.index}: the plan has runs 0 to {len(plan.runs) - 1} (vit-plan show)")
-        runner = plans.Runner(args.data_root.resolve(), args.runs.resolve(), args.results and args.results.resolve(),
-                              max_commands=args.max_commands)
-        if not runner.run_plan(plan, args.index):
-            print(f"[plan] stopped after {runner.commands} command(s) (--max-commands): run the same command again "
-                  "to continue", file=sys.stderr)
-            return 4
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except plans.PlanFailed as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except plans.PlanStopped as e:
-        print(f"[plan] {e}", file=sys.stderr)
-        return 4
+    plan = plans.load(plans.find(args.plan))
+    if args.command != "table" and not plan.history:
+        check_arguments(plan)
+    if args.command == "show":
+        print(_show(plan))
+        return 0
+    if args.command == "table":
+        runner = plans.Runner(Path("data"), args.runs.resolve(), args.results and args.results.resolve())
+        print(f"{plan.path}: mean ± standard deviation over seeds; n: the runs with a record, of those planned")
+        print(tables.summary(plan, runner.record_path), end="")
+        return 0
+    if plan.history:
+        raise ConfigError(f"{plan.path}: history: a plan kept for its records; it does not run")
+    if args.command == "submit":
+        return submit(plan, args)
+    if args.index is not None and not 0 <= args.index < len(plan.runs):
+        raise ConfigError(f"--index {args.index}: the plan has runs 0 to {len(plan.runs) - 1} (vit-plan show)")
+    runner = plans.Runner(args.data_root.resolve(), args.runs.resolve(), args.results and args.results.resolve(),
+                          max_commands=args.max_commands)
+    if not runner.run_plan(plan, args.index):
+        print(f"[plan] stopped after {runner.commands} command(s) (--max-commands): run the same command again "
+              "to continue", file=sys.stderr)
+        return plans.STOPPED
     return 0
 
 

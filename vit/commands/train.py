@@ -58,10 +58,11 @@ class HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
 
 class RecipeFile(ActionConfigFile):
     """--config NAME|PATH|{...}: a recipe of vit.configs by name, any YAML or JSON file, or settings written
-    out as one mapping (W&B's sweep agent's ${args_json}: '{"model.lr": 0.001, ...}')."""
+    out as one mapping (W&B's sweep agent's ${args_json}: '{"model.optimizer.lr": 0.001, ...}')."""
 
     def __call__(self, parser, cfg, values, option_string=None):
         if configs.is_settings(values):
+            refuse_old_options(settings_model_options(values), "--config: ")
             super().__call__(parser, cfg, values, option_string)
             return
         path = configs.path(values)
@@ -117,6 +118,22 @@ def yaml_model_options(path: Path) -> dict:
     return model if isinstance(model, dict) else {}
 
 
+def settings_model_options(value: str) -> dict:
+    """The model options of settings given to --config as one mapping or a JSON file (W&B's ${args_json},
+    ${args_json_file}): ``{"model.lr": 0.001}`` or ``{"model": {"lr": 0.001}}`` as ``{"lr": 0.001}``."""
+    import json
+
+    try:
+        settings = json.loads(value if value.lstrip().startswith("{") else Path(value).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}  # jsonargparse says what is wrong with it
+    if not isinstance(settings, dict):
+        return {}
+    model = settings.get("model") if isinstance(settings.get("model"), dict) else {}
+    return {**model, **{key.removeprefix("model."): v for key, v in settings.items()
+                        if isinstance(key, str) and key.startswith("model.")}}
+
+
 def refuse_old_options(options: dict, where: str = "") -> None:
     """Model options of an earlier version (flat, or since removed), on the command line or in a recipe: one
     line that says where each is now, or why it left (vit.checkpoints.old_option)."""
@@ -155,6 +172,15 @@ def add_run_options(parser) -> None:
     parser.link_arguments("data.num_classes", "model.arch.num_classes", apply_on="instantiate")
 
 
+def refuse_old_command_line(args: list[str]) -> None:
+    given = {}
+    for i, arg in enumerate(args):
+        if arg.startswith("--model."):
+            key, equals, value = arg.removeprefix("--model.").partition("=")
+            given[key] = value if equals else (args[i + 1] if i + 1 < len(args) else None)
+    refuse_old_options(given)
+
+
 class ViTCLI(LightningCLI):
     def __init__(self, mode: str, argv: list[str], claimed: list[Path]):
         self.mode, self.argv, self.claimed, self.resume = mode, argv, claimed, None
@@ -175,7 +201,7 @@ class ViTCLI(LightningCLI):
         parser = self.parser_class(**kwargs)
         parser.add_argument("-c", "--config", action=RecipeFile,
                             help=f"a recipe ({', '.join(configs.names())}), a YAML or JSON file, or settings as "
-                                 f"one mapping ('{{\"model.lr\": 0.001}}'); applied over the "
+                                 f"one mapping ('{{\"model.optimizer.lr\": 0.001}}'); applied over the "
                                  f"default recipe {configs.DEFAULT} in order")
         return parser
 
@@ -183,12 +209,7 @@ class ViTCLI(LightningCLI):
         add_run_options(parser)
 
     def parse_arguments(self, parser, args):
-        given = {}
-        for i, arg in enumerate(args):
-            if arg.startswith("--model."):
-                key, equals, value = arg.removeprefix("--model.").partition("=")
-                given[key] = value if equals else (args[i + 1] if i + 1 < len(args) else None)
-        refuse_old_options(given)
+        refuse_old_command_line(args)
         self.config = parser.parse_args(args)
 
     def before_instantiate_classes(self):
@@ -314,6 +335,36 @@ def tell_others(cli: ViTCLI | None, code: int, line: str) -> None:
     watchdog = next((c for c in getattr(trainer, "callbacks", []) if isinstance(c, Watchdog)), None)
     if watchdog is not None:
         watchdog.tell_others(code, line)
+
+
+class _Built(Exception):
+    """Ends a ViTCLI's construction once its parser is built (nothing parsed, nothing made)."""
+
+
+def training_parser():
+    """vit-train's (fit's) parser, built once to check many command lines (``check_arguments``)."""
+    class Build(ViTCLI):
+        def parse_arguments(self, parser, args):
+            raise _Built(parser)
+
+    try:
+        Build("fit", ["--config", configs.DEFAULT], [])  # (a recipe named: no line on the CPU recipe)
+    except _Built as built:
+        return built.args[0]
+    raise AssertionError("ViTCLI parsed no arguments")
+
+
+def check_arguments(parser, argv: list[str]) -> None:
+    """Parse a fit's command line with ``training_parser()``'s parser, as vit-train would, without running:
+    a bad or old option raises ConfigError with the parser's one line."""
+    from jsonargparse import ArgumentError
+
+    parser.default_config_files = [str(p) for p in configs.default_files("fit", argv)]
+    refuse_old_command_line(argv)
+    try:
+        parser.parse_args(argv)
+    except ArgumentError as e:
+        raise ConfigError(failures.condense(str(e))) from None
 
 
 def main(argv: list[str] | None = None) -> int:
