@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+from vit.exits import Stopped, status_of
+
 MAX_REQUEUES = 20  # an array task's requeues before it says how to continue instead (as train.sbatch's default)
 
 
@@ -21,7 +23,7 @@ case "${{SLURM_ARRAY_TASK_ID}}" in
 {arms}
   *) echo "task ${{SLURM_ARRAY_TASK_ID}}: {name} has runs 0 to {len(commands) - 1}" >&2; exit 2 ;;
 esac
-if [ "$status" = 4 ]; then  # stopped at a step boundary, saved (SIGUSR1 before a time limit, a preemption)
+if [ "$status" = {status_of(Stopped())} ]; then  # stopped at a step boundary, saved (SIGUSR1 before a time limit, a preemption)
   if [ "${{SLURM_RESTART_COUNT:-0}}" -ge {MAX_REQUEUES} ]; then
     echo "not requeueing task ${{SLURM_ARRAY_TASK_ID}}: requeued {MAX_REQUEUES} times; submit the plan again to continue"
   else
