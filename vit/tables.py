@@ -24,6 +24,20 @@ def jobs_of(table: str, plans: list[Plan]) -> list[Run | Benchmark]:
     return [job for plan in plans for job in plan.runs if job.table == table]
 
 
+# benchmark sections renamed since some records were written: (name in the record, name today); the
+# tables read the old key and show the command a user types today
+RENAMED_SECTIONS = {"levers": "fast-paths"}
+
+
+def benchmark_command(command: str) -> str:
+    """A benchmark record's shown command, with each section under its name today."""
+    words = shlex.split(shown_command(command))
+    for i in range(1, len(words)):
+        if words[i - 1] == "--sections":
+            words[i] = ",".join(RENAMED_SECTIONS.get(name, name) for name in words[i].split(","))
+    return shlex.join(["scripts/benchmark.py", *words])
+
+
 def shown_command(command: str) -> str:
     """The recorded command without what only places files (data root, run folder, chunking)."""
     words, shown, skip = shlex.split(command), [], False
@@ -81,6 +95,8 @@ def render_runs(table: str, results_dir: Path, base: Path, plans: list[Plan]) ->
 
 def _bench_rows(r: dict) -> list[list[str]]:
     """(what, ours, reference, ratio, target) rows of one benchmark report."""
+    r = {RENAMED_SECTIONS.get(key, key): value for key, value in r.items()}
+
     def n(x):
         return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
@@ -111,7 +127,7 @@ def _bench_rows(r: dict) -> list[list[str]]:
         rows.append([f"whole training step, {s['preset']}, batch {s['batch_size']}, {s['dtype']}"
                      + (", compiled" if s.get("compiled") else "") + " (img/s)",
                      f"{n(s['img_s'])} ({s['achieved_tflops']:.3g} TFLOP/s{mfu})", reference, fraction, "—"])
-    fast = r.get("fast-paths", r.get("levers", []))  # the fast paths section (records before its name: "levers")
+    fast = r.get("fast-paths", [])
     fp32 = {(v["threads"], v["compiled"]): v["img_s"] for v in fast
             if v["dtype"] == "float32" and v.get("optimizer", "adamw") == "adamw"}
     muon = {(v["threads"], v["optimizer"]): v["img_s"] for v in fast if v.get("optimizer", "adamw") != "adamw"}
@@ -158,7 +174,7 @@ def render_benchmark(table: str, results_dir: Path, base: Path, plans: list[Plan
             continue
         r = results.read(path)
         lines.append(f"*{job.label}*: {_device(r)}, torch {r['versions']['torch']}, "
-                     f"`{shlex.join(['scripts/benchmark.py', *shlex.split(shown_command(r['command']))])}`, "
+                     f"`{benchmark_command(r['command'])}`, "
                      f"record {_provenance(path, r, base)}.\n")
         lines.append("| what | ours | reference | ratio | target |\n| --- | --- | --- | --- | --- |")
         lines += ["| " + " | ".join(row[:4] + [_judged(row[3], row[4])]) + " |" for row in _bench_rows(r)]
