@@ -164,7 +164,8 @@ def record_run(trainer, module, mode: str, argv: list[str], ckpt: str | None, me
     reached = next((cb.reached for cb in trainer.callbacks if isinstance(cb, TimeToAccuracy)), None)
     record = make(
         recipe=recipe, argv=[mode, *argv] if mode == "test" else argv,
-        accelerator=module.device.type, devices=trainer.world_size, metrics=metrics,
+        # the strategy's device: Lightning's teardown has moved the module back to the CPU by now
+        accelerator=trainer.strategy.root_device.type, devices=trainer.world_size, metrics=metrics,
         test_images=module.tested_images,
         checkpoint=ckpt and os.path.relpath(ckpt, run), best_val_acc=round(100 * best.item(), 2) if torch.isfinite(best) else None,
         epochs=clock.get("epochs"), steps=clock.get("steps"), training_seconds=clock.get("training_seconds"),
