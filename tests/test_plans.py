@@ -343,7 +343,7 @@ def test_a_commits_checkout_is_made_whole_under_runs_checkouts_linked_to_its_rec
     old = git("rev-parse", "HEAD", cwd=repo)
     write(repo / "configs" / "cpu.yaml", "new: 1\n")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "-am", "new", cwd=repo)
-    monkeypatch.setattr(plans, "REPO", repo)
+    monkeypatch.setattr(plans.inputs, "REPO", repo)
     runner = plans.Runner(tmp_path / "data", tmp_path / "runs")
     stale = tmp_path / "runs" / ".checkouts" / f"{old[:7]}.part-{os.getpid()}"  # a clone cut short before
     (stale / "vit").mkdir(parents=True)

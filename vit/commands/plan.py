@@ -131,7 +131,8 @@ def _check_benchmark(argv: list[str]) -> None:
 
 @exit_on_failure
 def main(argv: list[str] | None = None) -> int:
-    from vit import plans, tables
+    from vit import plans
+    from vit.plans.table import summary
     from vit.exits import ConfigError
 
     parser = _parser()
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "table":
         runner = plans.Runner(Path("data"), args.runs.resolve(), args.results and args.results.resolve())
         print(f"{plan.path}: mean ± standard deviation over seeds; n: the runs with a record, of those planned")
-        print(tables.summary(plan, runner.record_path), end="")
+        print(summary(plan, runner.record_path), end="")
         return 0
     if plan.history:
         raise ConfigError(f"{plan.path}: history: a plan kept for its records; it does not run")

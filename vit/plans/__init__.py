@@ -1,0 +1,46 @@
+"""Plans: a grid of training runs (and benchmarks) written as a YAML file, run on this machine or as one
+SLURM job array, their records kept per run (``vit-plan``; README's figures are the plans in the
+repository's experiments/ folder, ``make figures``).
+
+A plan file::
+
+    # what the plan measures (a comment)
+    table: my-sweep            # its runs' folder and table (default: the file's name)
+    args: [--config, cpu]      # the recipe every run starts from: vit-train's arguments
+    seeds: [0, 1]              # each run once per seed: NAME-sSEED, --seed_everything SEED (none: one run each)
+    minutes: 10                # each run's budget: --trainer.max_time (none: the recipe's)
+    resources:                 # what one run gets
+      cpus: 2                  # CPU cores (a SLURM task's --cpus-per-task; default 1)
+      gpus: 0                  # GPUs (--gres=gpu:N; default 0)
+      memory: 8G               # --mem (default: the cluster's)
+      time: "00:30:00"         # a SLURM task's time limit (--time; default: the cluster's)
+      at_once: 1               # on one machine, this many runs at once, one CPU core and one thread each
+    runs:                      # the changes, in the table's order
+      - name: base
+        label: the recipe
+      - name: wd0
+        label: + no weight decay
+        args: [--model.optimizer.weight_decay, 0]
+
+A run may also give its own ``seeds``, ``minutes``, ``data`` (``cifar``, or ``fashion-mnist``: Fashion-MNIST
+written as image folders under the data root), ``commit`` (run that commit of this repository, from a
+clone of its own: its code and recipes), or be a benchmark: ``benchmark: [vit-benchmark arguments]``
+instead of ``args``, its report the record of the table ``benchmark-TABLE``. ``history: true`` keeps a
+plan for its records only (its runs need options this version no longer has): it renders, it does not run.
+
+Each run trains in ``RUNS/TABLE/NAME/`` (``vit-train --run NAME --ckpt_path last``: a run that stopped
+continues), and its record is that folder's ``results.json``; every run of a plan is one W&B group, named
+after the table (WANDB_RUN_GROUP, which wandb reads).
+"""
+
+import subprocess  # noqa: F401  (tests patch plans.subprocess.Popen)
+
+from vit.plans.inputs import make_quick_data
+from vit.plans.plan_file import (DATA, EXPERIMENTS, NAME, PLAN_KEYS, REPO, RESOURCE_KEYS, RUN_KEYS, STOPPED, Benchmark,
+                                 Plan, PlanFailed, PlanStopped, Run, find, load, load_all, max_time)
+from vit.plans.run_here import QUICK_BENCH, QUICK_TRAIN, Runner, program
+from vit.plans.slurm import sbatch_script
+
+__all__ = ["DATA", "EXPERIMENTS", "NAME", "PLAN_KEYS", "REPO", "RESOURCE_KEYS", "RUN_KEYS", "STOPPED", "Benchmark", "Plan",
+           "PlanFailed", "PlanStopped", "Run", "find", "load", "load_all", "max_time", "make_quick_data", "QUICK_BENCH",
+           "QUICK_TRAIN", "Runner", "program", "sbatch_script"]

@@ -1,0 +1,244 @@
+"""Reading and checking a plan file (its schema: vit/plans/__init__.py's docstring): ``load`` gives a
+``Plan`` of expanded ``Run``s and ``Benchmark``s, or raises ConfigError naming the file and the key."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from vit import results
+from vit.exits import ConfigError, RunFailed, Stopped, status_of
+
+REPO = results.REPO
+EXPERIMENTS = REPO / "experiments"  # the plans of README's and docs/' tables (a checkout's, not the package's)
+STOPPED = status_of(Stopped())  # vit-train's exit status for a run that stopped where it resumes (4)
+NAME = re.compile(r"[A-Za-z0-9][\w-]*")
+PLAN_KEYS = {"table", "args", "seeds", "minutes", "resources", "runs", "history"}
+RUN_KEYS = {"name", "label", "args", "seeds", "minutes", "data", "commit", "benchmark"}
+RESOURCE_KEYS = {"cpus": 1, "gpus": 0, "memory": None, "time": None, "at_once": 1}  # None: the cluster's default
+DATA = ("cifar", "fashion-mnist")
+
+
+class PlanFailed(RunFailed):
+    """A run of a plan failed (its own output says why) or could not start; the message says which."""
+
+
+class PlanStopped(Stopped):
+    """A run stopped where it resumes (vit-train's exit 4: a signal, a time limit) when no --minutes bound
+    asked for it; the same command continues it."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training run: ``vit-train`` with ``args``, its record the row ``label`` of ``table``."""
+
+    table: str
+    name: str
+    label: str
+    args: tuple[str, ...]
+    commit: str | None = None
+    data: str = "cifar"
+    change: str = ""  # the plan's run it expands (its name without the seed)
+    own: tuple[str, ...] = ()  # that run's own arguments (beside the plan's)
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One ``vit-benchmark`` with ``args``: its report is the record of the row ``label`` of ``table``."""
+
+    table: str
+    name: str
+    label: str
+    args: tuple[str, ...] = ()
+    change: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    path: Path
+    table: str
+    runs: tuple[Run | Benchmark, ...]  # expanded, in the table's order
+    resources: dict = field(default_factory=lambda: dict(RESOURCE_KEYS))
+    history: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    def tables(self) -> set[str]:
+        return {job.table for job in self.runs}
+
+    def groups(self) -> list[list[Run | Benchmark]]:
+        """What runs at once on one machine: ``at_once`` training runs in a row of the plan, a benchmark alone."""
+        groups: list[list[Run | Benchmark]] = []
+        for job in self.runs:
+            last = groups[-1] if groups else None
+            if isinstance(job, Run) and last and isinstance(last[0], Run) and len(last) < self.resources["at_once"]:
+                last.append(job)
+            else:
+                groups.append([job])
+        return groups
+
+
+def _fail(path: Path, key: str, what: str) -> ConfigError:
+    return ConfigError(f"{path}: {key}: {what}")
+
+
+def _words(value, path: Path, key: str) -> tuple[str, ...]:
+    """A list of command-line words; numbers and booleans as YAML wrote them (true, 0.5)."""
+    if not isinstance(value, list):
+        raise _fail(path, key, "takes a list of command-line words, e.g. [--model.optimizer.lr, 1e-3]")
+    words = []
+    for word in value:
+        if isinstance(word, bool):
+            words.append(str(word).lower())
+        elif word is None:
+            words.append("null")
+        elif isinstance(word, (str, int, float)):
+            words.append(str(word))
+        else:
+            raise _fail(path, key, f"{word!r} is not one word: quote it (\"[0.7, 0.4]\")")
+    return tuple(words)
+
+
+def _seeds(value, path: Path, key: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not value or not all(type(s) is int and s >= 0 for s in value) \
+            or len(set(value)) != len(value):
+        raise _fail(path, key, "takes a list of distinct seeds (integers from 0), e.g. [0, 1]")
+    return tuple(value)
+
+
+def _minutes(value, path: Path, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise _fail(path, key, "takes a positive (finite) number of minutes")
+    return float(value)
+
+
+def max_time(minutes: float) -> str:
+    """Lightning's ``--trainer.max_time`` (DD:HH:MM:SS) for a budget of ``minutes``."""
+    seconds = round(minutes * 60)
+    return f"{seconds // 86400:02d}:{seconds // 3600 % 24:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _resources(value, path: Path) -> dict:
+    if value is None:
+        return dict(RESOURCE_KEYS)
+    if not isinstance(value, dict):
+        raise _fail(path, "resources", f"takes a mapping of {', '.join(RESOURCE_KEYS)}")
+    for key in value:
+        if key not in RESOURCE_KEYS:
+            raise _fail(path, f"resources.{key}", f"not a resource (one of {', '.join(RESOURCE_KEYS)})")
+    out = {**RESOURCE_KEYS, **value}
+    for key in ("cpus", "at_once"):
+        if type(out[key]) is not int or out[key] < 1:
+            raise _fail(path, f"resources.{key}", "takes a whole number from 1")
+    if type(out["gpus"]) is not int or out["gpus"] < 0:
+        raise _fail(path, "resources.gpus", "takes a whole number from 0")
+    if out["memory"] is not None and (not isinstance(out["memory"], str)
+                                      or not re.fullmatch(r"\d+[KMGT]?", out["memory"])):
+        raise _fail(path, "resources.memory", "takes an amount as SLURM writes it, e.g. 8G or 16000M")
+    if out["time"] is not None and (not isinstance(out["time"], str)
+                                    or not re.fullmatch(r"(\d+-)?\d+(:\d\d){0,2}", out["time"])):
+        raise _fail(path, "resources.time", 'takes a time limit as SLURM writes it, e.g. "01:30:00" or "2-00:00:00"')
+    return out
+
+
+def load(path: Path) -> Plan:
+    """Read and check a plan file; a bad one raises ConfigError naming the file and the key."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such plan file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot be read ({e})") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a plan is a mapping with runs: (and table, args, seeds, minutes, resources)")
+    for key in data:
+        if key not in PLAN_KEYS:
+            raise _fail(path, str(key), f"not a plan key (one of {', '.join(sorted(PLAN_KEYS))})")
+    table = data.get("table", path.stem)
+    if not isinstance(table, str) or not NAME.fullmatch(table):
+        raise _fail(path, "table", "takes a name of letters, digits, '-' and '_'")
+    base = _words(data.get("args", []), path, "args")
+    seeds = _seeds(data["seeds"], path, "seeds") if "seeds" in data else None
+    minutes = _minutes(data["minutes"], path, "minutes") if "minutes" in data else None
+    resources = _resources(data.get("resources"), path)
+    history = data.get("history", False)
+    if not isinstance(history, bool):
+        raise _fail(path, "history", "takes true or false")
+    entries = data.get("runs")
+    if not isinstance(entries, list) or not entries:
+        raise _fail(path, "runs", "takes a list of runs, each with a name (and label, args, seeds, ...)")
+    runs: list[Run | Benchmark] = []
+    for i, entry in enumerate(entries):
+        where = f"runs[{i}]"
+        if not isinstance(entry, dict) or "name" not in entry:
+            raise _fail(path, where, "takes a mapping with a name (and label, args, seeds, ...)")
+        for key in entry:
+            if key not in RUN_KEYS:
+                raise _fail(path, f"{where}.{key}", f"not a key of a run (one of {', '.join(sorted(RUN_KEYS))})")
+        name = entry["name"]
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise _fail(path, f"{where}.name", "takes a name of letters, digits, '-' and '_'")
+        label = entry.get("label", name)
+        if not isinstance(label, str) or "|" in label or "\n" in label:
+            raise _fail(path, f"{where}.label", "takes one line of text without '|'")
+        if "benchmark" in entry:
+            for key in ("args", "seeds", "minutes", "data", "commit"):
+                if key in entry:
+                    raise _fail(path, f"{where}.{key}", "a benchmark takes only name, label and benchmark")
+            runs.append(Benchmark(f"benchmark-{table}", name, label, _words(entry["benchmark"], path,
+                                                                             f"{where}.benchmark"), name))
+            continue
+        args = _words(entry.get("args", []), path, f"{where}.args")
+        run_seeds = _seeds(entry["seeds"], path, f"{where}.seeds") if "seeds" in entry else seeds
+        run_minutes = _minutes(entry["minutes"], path, f"{where}.minutes") if "minutes" in entry else minutes
+        data_kind = entry.get("data", "cifar")
+        if data_kind not in DATA:
+            raise _fail(path, f"{where}.data", f"one of {', '.join(DATA)}")
+        commit = entry.get("commit")
+        if commit is not None and (not isinstance(commit, str) or not re.fullmatch(r"[0-9a-f]{7,40}", commit)):
+            raise _fail(path, f"{where}.commit", "takes a commit of this repository (7 to 40 hex digits)")
+        budget = ("--trainer.max_time", max_time(run_minutes)) if run_minutes else ()
+        for seed in run_seeds if run_seeds is not None else (None,):
+            suffix = ("", "") if seed is None else (f"-s{seed}", f", seed {seed}")
+            seeded = () if seed is None else ("--seed_everything", str(seed))
+            runs.append(Run(table, name + suffix[0], label + suffix[1], (*base, *budget, *seeded, *args), commit,
+                            data_kind, name, args))
+    seen: set[tuple[str, str]] = set()
+    for job in runs:
+        if (job.table, job.name) in seen:
+            raise _fail(path, "runs", f"the run {job.name} comes twice (give each name's entries other seeds)")
+        seen.add((job.table, job.name))
+    return Plan(path, table, tuple(runs), resources, history)
+
+
+def find(plan: str | Path) -> Path:
+    """A plan file: a path, or the name of one in the repository's experiments/ folder."""
+    path = Path(plan)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        return path
+    named = EXPERIMENTS / f"{plan}.yaml"
+    if named.is_file():
+        return named
+    names = ", ".join(p.stem for p in sorted(EXPERIMENTS.glob("*.yaml")))
+    raise ConfigError(f"{plan}: neither a plan file nor a plan of {EXPERIMENTS}" + (f" ({names})" if names else ""))
+
+
+def load_all(folder: Path = EXPERIMENTS) -> list[Plan]:
+    """Every plan of a folder (README's and docs/' tables: the repository's experiments/)."""
+    plans = [load(p) for p in sorted(Path(folder).glob("*.yaml"))]
+    owner: dict[str, Path] = {}
+    for plan in plans:
+        for table in plan.tables():
+            if table in owner:
+                raise ConfigError(f"{plan.path}: table: {table} is also {owner[table]}'s")
+            owner[table] = plan.path
+    return plans

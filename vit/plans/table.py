@@ -1,0 +1,49 @@
+"""A plan's table (``vit-plan table``): one row per change, the mean and spread over its seeds of the figures
+its runs' records hold."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import statistics
+
+from vit import results
+from vit.plans.plan_file import Plan, Run
+
+
+def _spread(values: list[float | None], digits: int = 2) -> str:
+    """mean ± standard deviation of the values a record has (a non-finite one is written null: left out, and
+    the count of those left says so)."""
+    missing = sum(v is None for v in values)
+    values = [v for v in values if v is not None]
+    if not values:
+        return "—"
+    if missing:
+        return f"{_spread(values, digits)} (n={len(values)})"
+    mean = f"{statistics.fmean(values):,.{digits}f}"
+    return f"{mean} ± {statistics.stdev(values):,.{digits}f}" if len(values) > 1 else mean
+
+
+def summary(plan: Plan, record_of) -> str:
+    """The plan's training runs as one row per change: n (the seeds with a record, of those planned) and the
+    mean ± standard deviation over them of test top-1, best validation accuracy, epochs and images/s;
+    ``record_of(run)`` is the record's path."""
+    changes: dict[str, list[Run]] = {}
+    for job in plan.runs:
+        if isinstance(job, Run):
+            changes.setdefault(job.change, []).append(job)
+    head = ["run", "arguments", "n", "test top-1 (%)", "best val (%)", "epochs", "train img/s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for change, jobs in changes.items():
+        got = [results.read(record_of(job)) for job in jobs if record_of(job).is_file()]
+        label = re.sub(r", seed \d+$", "", jobs[0].label)
+        own = f"`{shlex.join(jobs[0].own)}`" if jobs[0].own else "the plan's"
+        cells = [label, own + (f" (commit {jobs[0].commit})" if jobs[0].commit else ""), f"{len(got)} of {len(jobs)}"]
+        if got:
+            cells += [_spread([r.get("test_top1") for r in got]), _spread([r.get("best_val_acc") for r in got]),
+                      _spread([r.get("epochs") for r in got], 1),
+                      _spread([r.get("train_images_per_second") for r in got], 0)]
+        else:
+            cells += ["pending"] * 4
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
