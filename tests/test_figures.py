@@ -4,6 +4,7 @@ plan in experiments/ runs at toy scale on CPU (--quick), a long run continued ac
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -236,3 +237,76 @@ def test_history_plans_do_not_run_and_their_tables_render_from_the_committed_rec
         text = "".join(f"<!-- figures: {t} -->\n<!-- /figures -->\n" for t in sorted(plan.tables()))
         rendered = tables.render(text, ROOT / "results", ROOT)
         assert "pending" not in rendered and rendered.count("](") == len(plan.runs), plan.name
+
+
+def table_commands() -> dict[str, str]:
+    """Each command the rows of the pages' figures blocks show (a run's, in its command column), once: the
+    command → the page and table that show it first."""
+    found = {}
+    for page in tables.pages():
+        for block in tables.BLOCK.finditer(page.read_text()):
+            for row in block["body"].splitlines():
+                cells = row.split(" | ")
+                if len(cells) > 2 and cells[1].startswith("`"):
+                    found.setdefault(cells[1].split("`")[1], f"{page.name} ({block['table']})")
+    return found
+
+
+def printed_config(argv: list[str]) -> dict:
+    """vit-train's --print_config for ``argv``, in this process (parse only: nothing trains)."""
+    import contextlib
+    import io
+
+    import yaml
+
+    from vit.commands.train import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as end:
+        main([*argv, "--print_config"])
+    assert end.value.code in (0, None), f"{shlex.join(argv)}: exit {end.value.code}"
+    return yaml.safe_load(out.getvalue())
+
+
+def test_every_command_a_table_shows_runs_as_typed_and_sets_what_it_says(tmp_path, monkeypatch):
+    """The pages' tables show each record's command in today's option names (vit.checkpoints.todays_words, the
+    mapping checkpoints of earlier versions are read with): `vit-train COMMAND --print_config` parses each one,
+    and each option it names holds its value in the printed config. The records keep the command as it ran."""
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    commands = table_commands()
+    assert len(commands) >= 30 and "--config cpu --seed_everything 0 --model.optimizer.name adamw" in commands
+    for command, where in commands.items():
+        words = shlex.split(command)
+        config = printed_config(words)
+        for option, value in zip(words, words[1:]):
+            if not option.startswith("--") or option == "--config":
+                continue
+            got = config
+            for key in option.removeprefix("--").split("."):
+                got = got[key] if key in got else got["init_args"][key]
+            expected = yaml.safe_load(value)
+            got = got["class_path"] if isinstance(got, dict) and "class_path" in got else got
+            assert got == (float(expected) if isinstance(got, float) else expected), f"{where}: {command}: {option}"
+    raw = json.loads((ROOT / "results" / "muon-horizon" / "adamw-10min-s0.json").read_text())["command"]
+    assert "--model.optimizer adamw" in raw and "--model.optimizer.name adamw" in tables.shown_command(raw)
+
+
+def test_a_row_names_the_settings_no_option_says_today_outside_its_command():
+    """An option that left: dropped where its value is what the code does now, else named beside the command
+    (not in it: the command must still run as typed)."""
+    cell = tables.command_cell("python scripts/train.py --config cpu --model.muon_ns_dtype auto --model.decay linear "
+                               "--model.lr=1e-3 --model.optimizer sgd --model.tta_flip false")
+    assert cell == "`--config cpu --model.optimizer.lr=1e-3 --model.optimizer sgd` with decay linear (no longer options)"
+
+
+def test_no_page_shows_make_figures_for_a_plan_that_does_not_run():
+    """A `make figures ARGS="... --plan NAME ..."` line on a page names a plan that runs (not a history plan,
+    which keeps only its records)."""
+    runnable = {plan.name for plan in plans.load_all() if not plan.history}
+    named = [(page.name, m[1]) for page in [*tables.pages(), *sorted((ROOT / "configs").glob("*.yaml")),
+                                            *sorted((ROOT / "experiments").glob("*.yaml"))]
+             for m in re.finditer(r'make figures ARGS="[^"]*--plan ([\w-]+)', page.read_text())]
+    assert len(named) >= 3
+    assert [(page, name) for page, name in named if name not in runnable] == []

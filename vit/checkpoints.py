@@ -58,6 +58,39 @@ def old_option(key: str, value=None) -> str | None:
     return None
 
 
+def todays_words(words: list[str]) -> tuple[list[str], list[str]]:
+    """A command line of any version (its words) → the same settings under today's option names: each flat
+    model option under its group (MOVED, as ``upgrade`` moves a checkpoint's), each option that left (REMOVED)
+    dropped. Second, the options that left with a value that did something else than the code does now
+    ("KEY VALUE"): what today's command line cannot say."""
+    import yaml
+
+    today, gone, i = [], [], 0
+    while i < len(words):
+        word = words[i]
+        key, equals, value = word.removeprefix("--model.").partition("=")
+        if not word.startswith("--model.") or (key not in REMOVED and key not in MOVED):
+            today.append(word)
+            i += 1
+            continue
+        if not equals:
+            value = words[i + 1] if i + 1 < len(words) else ""
+        i += 1 if equals else 2
+        if key in REMOVED:
+            try:
+                same = yaml.safe_load(value) == REMOVED[key].same
+            except yaml.YAMLError:
+                same = False
+            if not same:
+                gone.append(f"{key} {value}")
+        elif key == "optimizer" and value not in ("adamw", "muon"):  # (today's optimizer is a group)
+            today += [word] if equals else [word, value]
+        else:
+            group, field = MOVED[key]
+            today += [f"--model.{group}.{field}={value}"] if equals else [f"--model.{group}.{field}", value]
+    return today, gone
+
+
 def read_checkpoint(path: str | Path) -> dict:
     """A training checkpoint (.ckpt) as a dict, validated to hold a state_dict, its model's options as they
     are now (``upgrade``)."""

@@ -10,6 +10,7 @@ import shlex
 from pathlib import Path
 
 from vit import results
+from vit.checkpoints import todays_words
 from vit.exits import ConfigError
 from vit.plans import REPO, Benchmark, Plan, Run, load_all
 
@@ -37,8 +38,10 @@ def benchmark_command(command: str) -> str:
     return shlex.join(["scripts/benchmark.py", *words])
 
 
-def shown_command(command: str) -> str:
-    """The recorded command without what only places files (data root, run folder, chunking)."""
+def _shown_words(command: str) -> tuple[list[str], list[str]]:
+    """The recorded command's words under today's option names (vit.checkpoints.todays_words, the mapping
+    checkpoints are read with) without what only places files (data root, run folder, chunking); and the
+    options it set that this version no longer has."""
     words, shown, skip = shlex.split(command), [], False
     for word in words[2 if words[:1] == ["python"] else 1:]:
         if skip:
@@ -47,7 +50,18 @@ def shown_command(command: str) -> str:
             skip = True
         else:
             shown.append(word)
-    return shlex.join(shown)
+    return todays_words(shown)
+
+
+def shown_command(command: str) -> str:
+    """The recorded command as a user types it today (the record keeps the command as it ran)."""
+    return shlex.join(_shown_words(command)[0])
+
+
+def command_cell(command: str) -> str:
+    """A row's command: today's command line, then the settings it ran with that no option says today."""
+    today, gone = _shown_words(command)
+    return f"`{shlex.join(today)}`" + (f" with {', '.join(gone)} (no longer options)" if gone else "")
 
 
 def _device(r: dict) -> str:
@@ -78,7 +92,7 @@ def render_runs(table: str, results_dir: Path, base: Path, plans: list[Plan]) ->
             cells = [job.label, f"`{shlex.join(job.args)}`"] + ["pending"] * (len(head) - 2) + ["—"]
         else:
             reached = r.get("time_to_val_acc", {})
-            cells = [job.label, f"`{shown_command(r['command'])}`", _device(r), f"{r['epochs']:g}",
+            cells = [job.label, command_cell(r['command']), _device(r), f"{r['epochs']:g}",
                      f"{r['training_seconds'] / 60:.1f} min", f"{r['best_val_acc']:.2f} %",
                      f"**{r['test_top1']:.2f} %** ({r['test_top5']:.2f} %)", f"{r['train_images_per_second']:,.0f}"]
             if timed:  # the clock includes each command's first batches, where torch.compile compiles again
