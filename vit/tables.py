@@ -182,8 +182,8 @@ def render_benchmark(table: str, results_dir: Path, base: Path, plans: list[Plan
     for job in jobs_of(table, plans):
         path = results_dir / table / f"{job.name}.json"
         if not path.is_file():
-            lines.append(f"*{job.label}*: pending (`{shlex.join(['scripts/benchmark.py', *job.args])}` "
-                         f"on such a machine; none was available).\n")
+            lines.append(f"*{job.label}*: pending, no record yet (`{shlex.join(['scripts/benchmark.py', *job.args])}` "
+                         f"measures it on such a machine).\n")
             continue
         r = results.read(path)
         lines.append(f"*{job.label}*: {_device(r)}, torch {r['versions']['torch']}, "
