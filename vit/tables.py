@@ -61,7 +61,8 @@ def shown_command(command: str) -> str:
 def command_cell(command: str) -> str:
     """A row's command: today's command line, then the settings it ran with that no option says today."""
     today, gone = _shown_words(command)
-    return f"`{shlex.join(today)}`" + (f" with {', '.join(gone)} (no longer options)" if gone else "")
+    said = "no longer an option" if len(gone) == 1 else "no longer options"
+    return f"`{shlex.join(today)}`" + (f" with {', '.join(gone)} ({said})" if gone else "")
 
 
 def _device(r: dict) -> str:
