@@ -1,6 +1,7 @@
 """The package installed as a user gets it: a wheel, every console script, the recipes found by name from
 any directory, no deprecation warnings of our own making."""
 
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -318,16 +319,13 @@ def _stand_in_wheel(folder: Path, name: str, version: str) -> Path:
     return wheel
 
 
-@pytest.mark.long
-def test_a_torch_build_is_installed_from_its_index_and_nothing_else_from_it(tmp_path):
-    """`make install TORCH=cpu` with a local HTTP index standing for PyTorch's (TORCH_INDEX): torch and
-    torchvision come from it, at the build's local version, and pip asks it for nothing else, although it
-    offers more (a numpy); everything else comes from the usual index."""
+@contextlib.contextmanager
+def _pytorch_index(tmp_path: Path, pins: dict[str, str]):
+    """A local HTTP index standing for PyTorch's (its URL, and the paths pip asked it for): at URL/cpu, torch
+    and torchvision at constraints.txt's versions built as "cpu" (stand-ins), and a numpy nobody should take."""
     import http.server
     import threading
 
-    pins = dict(line.split("==") for line in (ROOT / "constraints.txt").read_text().splitlines()
-                if "==" in line and not line.startswith("#"))
     index = tmp_path / "index" / "cpu"
     for name, version in (("torch", pins["torch"]), ("torchvision", pins["torchvision"]), ("numpy", "99.0")):
         (index / name).mkdir(parents=True)
@@ -343,15 +341,32 @@ def test_a_torch_build_is_installed_from_its_index_and_nothing_else_from_it(tmp_
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    venv = tmp_path / "venv"
-    env = {k: v for k, v in clean_env().items() if k != "PIP_CONFIG_FILE"}  # the usual index: pip's own settings
-    env.update({k: v for k, v in __import__("os").environ.items() if k.startswith("PIP_")})
     try:
-        proc = subprocess.run(["make", "install", f"VENV={venv}", f"PYTHON={sys._base_executable}", "TORCH=cpu",
-                               f"TORCH_INDEX=http://127.0.0.1:{server.server_port}"], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=900)
+        yield f"http://127.0.0.1:{server.server_port}", asked
     finally:
         server.shutdown()
+
+
+def _usual_index_env() -> dict[str, str]:
+    """clean_env, but with pip's own settings: the usual index is whatever this machine's pip uses."""
+    import os
+
+    env = {k: v for k, v in clean_env().items() if k != "PIP_CONFIG_FILE"}
+    return {**env, **{k: v for k, v in os.environ.items() if k.startswith("PIP_")}}
+
+
+@pytest.mark.long
+def test_a_torch_build_is_installed_from_its_index_and_nothing_else_from_it(tmp_path):
+    """`make install TORCH=cpu` with a local HTTP index standing for PyTorch's (TORCH_INDEX): torch and
+    torchvision come from it, at the build's local version, and pip asks it for nothing else, although it
+    offers more (a numpy); everything else comes from the usual index."""
+    pins = dict(line.split("==") for line in (ROOT / "constraints.txt").read_text().splitlines()
+                if "==" in line and not line.startswith("#"))
+    venv = tmp_path / "venv"
+    with _pytorch_index(tmp_path, pins) as (url, asked):
+        proc = subprocess.run(["make", "install", f"VENV={venv}", f"PYTHON={sys._base_executable}", "TORCH=cpu",
+                               f"TORCH_INDEX={url}"], cwd=ROOT, env=_usual_index_env(), capture_output=True,
+                              text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert (venv / ".installed").read_text() == "SYSTEM_SITE= WHEELS= TORCH=cpu\n"
     versions = subprocess.run([str(venv / "bin" / "python"), "-c", "import importlib.metadata as m; "
@@ -364,6 +379,27 @@ def test_a_torch_build_is_installed_from_its_index_and_nothing_else_from_it(tmp_
         fetched == [f"torch-{pins['torch']}+cpu-py3-none-any.whl",
                     f"torchvision-{pins['torchvision']}+cpu-py3-none-any.whl"], asked
     assert {path.split("/")[2] for path in asked} == {"torch", "torchvision"}, asked  # /cpu/NAME/...
+
+
+@pytest.mark.long
+def test_make_wheels_takes_a_torch_build_from_its_index_and_nothing_else_from_it(tmp_path):
+    """`make wheels TORCH=cpu` with a local HTTP index standing for PyTorch's: the folder holds that build's
+    torch and torchvision, fetched from it, and every other package from the usual index."""
+    pins = dict(line.split("==") for line in (ROOT / "constraints.txt").read_text().splitlines()
+                if "==" in line and not line.startswith("#"))
+    wheels = tmp_path / "wheels"
+    with _pytorch_index(tmp_path, pins) as (url, asked):
+        proc = subprocess.run(["make", "wheels", f"WHEELS={wheels}", "TORCH=cpu", f"TORCH_INDEX={url}",
+                               f"PYTHON={sys.executable}"], cwd=ROOT, env=_usual_index_env(), capture_output=True,
+                              text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert f"(torch and torchvision from {url}/cpu)" in proc.stdout
+    names = sorted(p.name.lower() for p in wheels.glob("*.whl"))
+    assert f"torch-{pins['torch']}+cpu-py3-none-any.whl" in names and \
+        f"torchvision-{pins['torchvision']}+cpu-py3-none-any.whl" in names, names
+    assert f"numpy-{pins['numpy']}-" in " ".join(names) and not [n for n in names if n.startswith("numpy-99")]
+    assert not [n for n in names if n.startswith(("nvidia", "cuda", "triton"))], names  # (the stand-ins need none)
+    assert {path.split("/")[2] for path in asked} == {"torch", "torchvision"}, asked
 
 
 def test_install_takes_the_commands_needs_and_the_extras_on_request(installed, tmp_path):
