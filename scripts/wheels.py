@@ -3,7 +3,10 @@ and platform), into one folder from which that machine installs with no index (`
 
 pip resolves the project for the target (`pip install --dry-run --report`, its documented JSON report), then
 downloads exactly that list, binary wheels only. --without-torch leaves torch, torchvision and whatever only
-they need (CUDA's libraries, triton) out: the target's environment provides them (`SYSTEM_SITE=1`)."""
+they need (CUDA's libraries, triton) out: the target's environment provides them (`SYSTEM_SITE=1`).
+--torch-index URL (`make wheels TORCH=BUILD`) takes torch and torchvision from that index alone (PyTorch's
+for the build; the constraints pin the build's local version, scripts/torch_build.py), downloaded first,
+then resolves everything else from the usual index with those two as found in the folder."""
 
 from __future__ import annotations
 
@@ -87,21 +90,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--extras", default="", help="optional parts, as in make install EXTRAS=demo,onnx")
     parser.add_argument("--without-torch", action="store_true",
                         help="leave torch, torchvision and their CUDA stack out (the target's are kept)")
+    parser.add_argument("--torch-index", help="the index torch and torchvision come from (PyTorch's for a build)")
     parser.add_argument("-c", "--constraint", action="append", default=[], help="pip's constraints file")
     args = parser.parse_args(argv)
     if not re.fullmatch(r"3\.\d+", args.python_version):
         parser.error(f"--python-version {args.python_version}: give MAJOR.MINOR, e.g. 3.11")
     target = ["--only-binary=:all:", "--python-version", args.python_version,
               *(f"--platform={tag}" for tag in platforms(args.platform))]
-    items = resolve(target, args.extras, [f"--constraint={c}" for c in args.constraint])
+    if args.torch_index and args.without_torch:
+        parser.error("--torch-index takes torch, --without-torch leaves it out: give one")
+    constraints = [f"--constraint={c}" for c in args.constraint]
+    if args.torch_index:  # only torch and torchvision from that index; the resolver then finds them in the folder
+        pip("download", "--quiet", "--no-deps", *target, "--index-url", args.torch_index, "--dest", str(args.dest),
+            *constraints, *sorted(KEPT_BY_THE_ENVIRONMENT))
+        constraints += ["--find-links", str(args.dest)]
+    items = resolve(target, args.extras, constraints)
     left_out = KEPT_BY_THE_ENVIRONMENT if args.without_torch else set()
-    wanted = [i for i in needed_without(items, left_out) if canonicalize_name(i["metadata"]["name"]) != PROJECT]
+    fetched = KEPT_BY_THE_ENVIRONMENT if args.torch_index else set()
+    wanted = [i for i in needed_without(items, left_out)
+              if canonicalize_name(i["metadata"]["name"]) not in {PROJECT, *fetched}]
     with tempfile.TemporaryDirectory() as tmp:
         pins = Path(tmp) / "requirements.txt"
         pins.write_text("".join(f"{i['metadata']['name']}=={i['metadata']['version']}\n" for i in wanted))
         pip("download", "--quiet", "--no-deps", *target, "--dest", str(args.dest), "-r", str(pins))
-    print(f"{len(wanted)} packages for Python {args.python_version} on {args.platform} in {args.dest}"
-          + (" (torch and torchvision left out: the environment's are kept)" if args.without_torch else ""))
+    print(f"{len(wanted) + len(fetched)} packages for Python {args.python_version} on {args.platform} in {args.dest}"
+          + (" (torch and torchvision left out: the environment's are kept)" if args.without_torch else "")
+          + (f" (torch and torchvision from {args.torch_index})" if args.torch_index else ""))
     return 0
 
 

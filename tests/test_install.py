@@ -1,6 +1,7 @@
 """The package installed as a user gets it: a wheel, every console script, the recipes found by name from
 any directory, no deprecation warnings of our own making."""
 
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -106,7 +107,7 @@ def test_an_offline_node_installs_from_the_folder_make_wheels_fills_and_keeps_th
     install = subprocess.run(["make", "install", f"VENV={venv}", f"WHEELS={wheels}", "SYSTEM_SITE=1"], cwd=source,
                              env=env, capture_output=True, text=True, timeout=600)
     assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-3000:]
-    assert (venv / ".installed").read_text() == f"SYSTEM_SITE=1 WHEELS={wheels}\n"
+    assert (venv / ".installed").read_text() == f"SYSTEM_SITE=1 WHEELS={wheels} TORCH=\n"
     python = str(venv / "bin" / "python")
     where = subprocess.run([python, "-c", "import torch, einops, vit; print(torch.__file__, einops.__file__, "
                                           "vit.__file__)"], cwd=tmp_path, capture_output=True, text=True, env=env,
@@ -183,15 +184,15 @@ def test_the_stamp_records_system_site_and_wheels_and_a_change_installs_again(in
     assert installed("SYSTEM_SITE= WHEELS=", False, "install") == []  # as installed: nothing to do
     steps = installed("SYSTEM_SITE= WHEELS=", False, "install", "SYSTEM_SITE=1")  # the environment's torch now
     assert steps[0].endswith(f"-m venv --clear --system-site-packages {venv}")
-    assert steps[-1] == f"echo 'SYSTEM_SITE=1 WHEELS=' > {venv}/.installed"
+    assert steps[-1] == f"echo 'SYSTEM_SITE=1 WHEELS= TORCH=' > {venv}/.installed"
     assert not [s for s in steps if "constraints.txt" in s] and any(s.endswith("install --quiet   -e .") for s in steps)
     assert installed("SYSTEM_SITE=1 WHEELS=", True, "install") == []  # kept by later calls that do not name it
     assert not [s for s in installed("SYSTEM_SITE=1 WHEELS=", True, "train") if "venv" in s or "echo" in s]
     back = installed("SYSTEM_SITE=1 WHEELS=", True, "install", "SYSTEM_SITE=")
-    assert back[0].endswith(f"-m venv --clear  {venv}") and back[-1] == f"echo 'SYSTEM_SITE= WHEELS=' > {venv}/.installed"
+    assert back[0].endswith(f"-m venv --clear  {venv}") and back[-1] == f"echo 'SYSTEM_SITE= WHEELS= TORCH=' > {venv}/.installed"
     offline = installed("SYSTEM_SITE= WHEELS=", False, "install", "WHEELS=/w")
     assert f"install --quiet --no-index --find-links /w --no-build-isolation -c constraints.txt -e ." in " ".join(offline)
-    assert offline[-1] == f"echo 'SYSTEM_SITE= WHEELS=/w' > {venv}/.installed"
+    assert offline[-1] == f"echo 'SYSTEM_SITE= WHEELS=/w TORCH=' > {venv}/.installed"
     later = installed("SYSTEM_SITE=1 WHEELS=/w", True, "install", "EXTRAS=demo")  # the folder is kept too
     assert later == [f"{venv}/bin/python -m pip install --quiet --no-index --find-links /w --no-build-isolation  "
                      "-e '.[demo]'"], later
@@ -210,6 +211,195 @@ def test_make_wheels_describes_the_target_not_the_venv_it_runs_beside(installed,
 
     assert "-c constraints.txt" in wheels() and "--without-torch" not in wheels()
     assert "--without-torch" in wheels("SYSTEM_SITE=1") and "constraints.txt" not in wheels("SYSTEM_SITE=1")
+
+
+OFF = ["", "0", "false", "no", "off", "False", "NO", "Off"]
+
+
+@pytest.mark.parametrize("off", OFF)
+def test_every_off_spelling_of_an_on_off_setting_is_off(installed, tmp_path, off):
+    """SYSTEM_SITE (the Makefile's one on/off setting) is off when empty, 0, false, no or off, in any case:
+    the venv does not see the environment's packages, CI's versions apply, and make wheels takes torch."""
+    venv = tmp_path / "venv"
+    assert installed("SYSTEM_SITE= WHEELS=", False, "install", f"SYSTEM_SITE={off}") == []  # as installed
+    back = installed("SYSTEM_SITE=1 WHEELS=", True, "install", f"SYSTEM_SITE={off}")  # a venv that saw them
+    assert back[0].endswith(f"-m venv --clear  {venv}"), back
+    assert back[-1] == f"echo 'SYSTEM_SITE= WHEELS= TORCH=' > {venv}/.installed"
+    assert back[-2].endswith("-c constraints.txt -e ."), back
+    # a stamp of an earlier make that wrote the spelling as given, over a venv that does see them: made anew
+    assert installed(f"SYSTEM_SITE={off} WHEELS=", True, "install")[0].endswith(f"-m venv --clear  {venv}")
+    wheels = subprocess.run(["make", "-n", "wheels", f"VENV={venv}", f"SYSTEM_SITE={off}"], cwd=ROOT,
+                            env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert wheels.returncode == 0 and "-c constraints.txt" in wheels.stdout, wheels.stderr
+    assert "--without-torch" not in wheels.stdout
+
+
+@pytest.mark.parametrize("on", ["1", "yes", "true", "on", "TRUE"])
+def test_an_on_off_setting_is_on_otherwise(installed, tmp_path, on):
+    steps = installed("SYSTEM_SITE= WHEELS=", False, "install", f"SYSTEM_SITE={on}")
+    assert steps[0].endswith(f"-m venv --clear --system-site-packages {tmp_path / 'venv'}"), steps
+    assert steps[-1].startswith("echo 'SYSTEM_SITE=1 WHEELS= TORCH='")
+
+
+def test_a_torch_build_comes_from_pytorchs_index_and_a_changed_build_installs_again(installed, tmp_path):
+    """TORCH=BUILD: torch and torchvision alone from TORCH_INDEX/BUILD, pinned to the build's local version;
+    the project from the usual index with the same constraints; the stamp records it, later calls keep it,
+    and another build (or none) makes the venv anew."""
+    venv = tmp_path / "venv"
+    pins = f"-c {venv}/constraints-cu126.txt"
+    steps = installed("SYSTEM_SITE= WHEELS=", False, "install", "TORCH=cu126", "TORCH_INDEX=http://index.example/whl")
+    assert steps[0].endswith(f"-m venv --clear  {venv}"), steps
+    assert steps[2].endswith(f"pip install --quiet --no-deps --index-url http://index.example/whl/cu126 {pins} "
+                             "torch torchvision"), steps
+    assert steps[3].endswith(f"pip install --quiet  {pins} -e ."), steps  # (no index named: the usual one)
+    assert steps[-1] == f"echo 'SYSTEM_SITE= WHEELS= TORCH=cu126' > {venv}/.installed"
+    assert installed("SYSTEM_SITE= WHEELS= TORCH=cu126", False, "install") == []  # kept
+    assert installed("SYSTEM_SITE= WHEELS= TORCH=cu126", False, "install", "EXTRAS=demo") == [
+        f"{venv}/bin/python -m pip install --quiet  {pins} -e '.[demo]'"]
+    for other, pin in (("TORCH=cu128", f"-c {venv}/constraints-cu128.txt"), ("TORCH=", "-c constraints.txt")):
+        again = installed("SYSTEM_SITE= WHEELS= TORCH=cu126", False, "install", other)
+        assert again[0].endswith(f"-m venv --clear  {venv}") and again[-2].endswith(f"{pin} -e ."), again
+        assert again[-1] == f"echo 'SYSTEM_SITE= WHEELS= {other}' > {venv}/.installed"
+    offline = installed("SYSTEM_SITE= WHEELS= TORCH=cu126", False, "install", "WHEELS=/w")  # the folder has it
+    assert not [s for s in offline if "--index-url" in s] and offline[-2].endswith(
+        f"--no-index --find-links /w --no-build-isolation {pins} -e ."), offline
+    wheels = subprocess.run(["make", "-n", "wheels", f"VENV={venv}", "TORCH=cpu", "WHEELS=/w",
+                             "TORCH_INDEX=http://index.example/whl"], cwd=ROOT, env=clean_env(),
+                            capture_output=True, text=True, timeout=60)
+    assert "scripts/torch_build.py cpu constraints.txt > /w/constraints-cpu.txt" in wheels.stdout
+    assert "-c /w/constraints-cpu.txt --torch-index http://index.example/whl/cpu" in wheels.stdout, wheels.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["TORCH=cu12.6"], "TORCH=cu12.6: give one of PyTorch's builds, e.g. cu126, cu128, cu130 or cpu"),
+    (["TORCH=cpu", "SYSTEM_SITE=1"], "TORCH=cpu with SYSTEM_SITE=1: the first"),
+])
+def test_a_torch_build_that_cannot_be_is_refused_before_anything_runs(installed, tmp_path, args, message):
+    installed("SYSTEM_SITE= WHEELS=", False, "install")
+    for target in ("install", "wheels"):
+        proc = subprocess.run(["make", "-n", target, f"VENV={tmp_path / 'venv'}", *args], cwd=ROOT,
+                              env=clean_env(), capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and message in proc.stderr and not proc.stdout, proc.stdout + proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_builds_constraints_pin_its_local_version_and_leave_cuda_to_torch():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from torch_build import constraints_for
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    text = (ROOT / "constraints.txt").read_text()
+    pins = dict(line.split("==") for line in text.splitlines() if "==" in line and not line.startswith("#"))
+    built = constraints_for("cu126", text).splitlines()
+    assert f"torch=={pins['torch']}+cu126" in built and f"torchvision=={pins['torchvision']}+cu126" in built
+    assert not [line for line in built if line.lower().startswith(("nvidia", "cuda"))]
+    assert [name for name in pins if name.lower().startswith(("nvidia", "cuda"))]  # (there were some)
+    kept = {n for n in pins if not n.lower().startswith(("nvidia", "cuda")) and n not in ("torch", "torchvision")}
+    assert {f"{n}=={pins[n]}" for n in kept} <= set(built) and len(built) == len(kept) + 3  # + header, torch, tv
+    with pytest.raises(ValueError, match=r"TORCH=12\.6"):
+        constraints_for("12.6", text)
+
+
+def _stand_in_wheel(folder: Path, name: str, version: str) -> Path:
+    """A wheel of ``name`` at ``version`` that holds nothing but its metadata (no dependencies)."""
+    import base64
+    import hashlib
+
+    wheel = folder / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    files = {f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = [f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()}"
+              f",{len(text.encode())}" for path, text in files.items()]
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for path, text in files.items():
+            archive.writestr(path, text)
+        archive.writestr(f"{info}/RECORD", "\n".join([*record, f"{info}/RECORD,,"]) + "\n")
+    return wheel
+
+
+@contextlib.contextmanager
+def _pytorch_index(tmp_path: Path, pins: dict[str, str]):
+    """A local HTTP index standing for PyTorch's (its URL, and the paths pip asked it for): at URL/cpu, torch
+    and torchvision at constraints.txt's versions built as "cpu" (stand-ins), and a numpy nobody should take."""
+    import http.server
+    import threading
+
+    index = tmp_path / "index" / "cpu"
+    for name, version in (("torch", pins["torch"]), ("torchvision", pins["torchvision"]), ("numpy", "99.0")):
+        (index / name).mkdir(parents=True)
+        _stand_in_wheel(index / name, name, f"{version}+cpu")
+    asked: list[str] = []
+
+    class Index(http.server.SimpleHTTPRequestHandler):  # directory listings serve as the simple index's pages
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(tmp_path / "index"), **kwargs)
+
+        def log_message(self, *args):
+            asked.append(self.path)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", asked
+    finally:
+        server.shutdown()
+
+
+def _usual_index_env() -> dict[str, str]:
+    """clean_env, but with pip's own settings: the usual index is whatever this machine's pip uses."""
+    import os
+
+    env = {k: v for k, v in clean_env().items() if k != "PIP_CONFIG_FILE"}
+    return {**env, **{k: v for k, v in os.environ.items() if k.startswith("PIP_")}}
+
+
+@pytest.mark.long
+def test_a_torch_build_is_installed_from_its_index_and_nothing_else_from_it(tmp_path):
+    """`make install TORCH=cpu` with a local HTTP index standing for PyTorch's (TORCH_INDEX): torch and
+    torchvision come from it, at the build's local version, and pip asks it for nothing else, although it
+    offers more (a numpy); everything else comes from the usual index."""
+    pins = dict(line.split("==") for line in (ROOT / "constraints.txt").read_text().splitlines()
+                if "==" in line and not line.startswith("#"))
+    venv = tmp_path / "venv"
+    with _pytorch_index(tmp_path, pins) as (url, asked):
+        proc = subprocess.run(["make", "install", f"VENV={venv}", f"PYTHON={sys._base_executable}", "TORCH=cpu",
+                               f"TORCH_INDEX={url}"], cwd=ROOT, env=_usual_index_env(), capture_output=True,
+                              text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert (venv / ".installed").read_text() == "SYSTEM_SITE= WHEELS= TORCH=cpu\n"
+    versions = subprocess.run([str(venv / "bin" / "python"), "-c", "import importlib.metadata as m; "
+                               "print(m.version('torch'), m.version('torchvision'), m.version('numpy'))"],
+                              capture_output=True, text=True, timeout=60).stdout.split()
+    assert versions == [f"{pins['torch']}+cpu", f"{pins['torchvision']}+cpu", pins["numpy"]], versions
+    fetched = sorted(path.rsplit("/", 1)[-1] for path in asked if path.endswith(".whl"))
+    assert fetched == [f"torch-{pins['torch']}%2Bcpu-py3-none-any.whl",
+                       f"torchvision-{pins['torchvision']}%2Bcpu-py3-none-any.whl"] or \
+        fetched == [f"torch-{pins['torch']}+cpu-py3-none-any.whl",
+                    f"torchvision-{pins['torchvision']}+cpu-py3-none-any.whl"], asked
+    assert {path.split("/")[2] for path in asked} == {"torch", "torchvision"}, asked  # /cpu/NAME/...
+
+
+@pytest.mark.long
+def test_make_wheels_takes_a_torch_build_from_its_index_and_nothing_else_from_it(tmp_path):
+    """`make wheels TORCH=cpu` with a local HTTP index standing for PyTorch's: the folder holds that build's
+    torch and torchvision, fetched from it, and every other package from the usual index."""
+    pins = dict(line.split("==") for line in (ROOT / "constraints.txt").read_text().splitlines()
+                if "==" in line and not line.startswith("#"))
+    wheels = tmp_path / "wheels"
+    with _pytorch_index(tmp_path, pins) as (url, asked):
+        proc = subprocess.run(["make", "wheels", f"WHEELS={wheels}", "TORCH=cpu", f"TORCH_INDEX={url}",
+                               f"PYTHON={sys.executable}"], cwd=ROOT, env=_usual_index_env(), capture_output=True,
+                              text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert f"(torch and torchvision from {url}/cpu)" in proc.stdout
+    names = sorted(p.name.lower() for p in wheels.glob("*.whl"))
+    assert f"torch-{pins['torch']}+cpu-py3-none-any.whl" in names and \
+        f"torchvision-{pins['torchvision']}+cpu-py3-none-any.whl" in names, names
+    assert f"numpy-{pins['numpy']}-" in " ".join(names) and not [n for n in names if n.startswith("numpy-99")]
+    assert not [n for n in names if n.startswith(("nvidia", "cuda", "triton"))], names  # (the stand-ins need none)
+    assert {path.split("/")[2] for path in asked} == {"torch", "torchvision"}, asked
 
 
 def test_install_takes_the_commands_needs_and_the_extras_on_request(installed, tmp_path):

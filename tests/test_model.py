@@ -125,6 +125,29 @@ def test_e_pos_resampling_is_timms_as_a_matrix(new_grid):
     torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("new_grid", [(4, 4), (6, 10)])
+def test_e_pos_resampling_runs_in_float32_under_bf16_autocast(new_grid):
+    """The resize stages train under autocast: E_pos is still resampled in float32, as timm's
+    resample_abs_pos_embed does it, to 1e-6 (bf16 rounding would differ by ~1e-3), and the model's own
+    E_pos at a smaller grid is that resampling."""
+    from timm.layers import resample_abs_pos_embed
+
+    from vit.model import resample_pos_embedding
+
+    torch.manual_seed(0)
+    pos = torch.randn(1, 65, 24)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = resample_pos_embedding(pos, new_grid, (8, 8))
+        theirs = resample_abs_pos_embed(pos, list(new_grid), [8, 8], num_prefix_tokens=1)
+    assert ours.dtype == theirs.dtype == torch.float32
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+    model = vit.VisionTransformer(vit.ViTConfig(image_size=32, patch_size=4, dim=24, depth=1, heads=2))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model.pos_embedding.copy_(pos)
+        at_grid = model.pos_embedding_at(*new_grid)
+    torch.testing.assert_close(at_grid, theirs, rtol=0, atol=1e-6)
+
+
 def test_a_smaller_image_sees_e_pos_resampled_as_timm_does():
     """Progressive resizing's forward: 16 px through a 32-px model equals timm's dynamic_img_size ViT
     (E_pos resampled with resample_abs_pos_embed), and the gradient reaches the full-size E_pos."""
@@ -205,13 +228,28 @@ def test_no_weight_decay_set_is_norms_biases_pos_and_cls():
     assert decayed == {n for n, p in model.named_parameters() if p.ndim == 2}
 
 
-def test_initialisation_follows_timm():
+@pytest.mark.parametrize("patch_size, in_channels", [(4, 3), (8, 1)])
+def test_initialisation_follows_timm(patch_size, in_channels):
+    """Every parameter starts as timm's ViT starts it, E too: timm leaves its patch convolution at
+    PyTorch's default, uniform(±1/√(P²C)) for weight and bias."""
+    cfg = dict(image_size=32, patch_size=patch_size, in_channels=in_channels, num_classes=10, dim=192,
+               depth=2, heads=3)
     torch.manual_seed(0)
-    model = vit.VisionTransformer(vit.ViTConfig(dim=192, depth=2, heads=3))
+    model = vit.VisionTransformer(vit.ViTConfig(**cfg))
+    torch.manual_seed(1)
+    timm_model = TimmViT(img_size=32, patch_size=patch_size, in_chans=in_channels, num_classes=10,
+                         embed_dim=192, depth=2, num_heads=3)
     assert model.pos_embedding.std().item() == pytest.approx(0.02, rel=0.1)
     assert model.cls_token.abs().max().item() < 1e-4
     assert model.blocks[0].attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.1)
     assert model.blocks[0].attn.qkv.bias.abs().sum().item() == 0
+    bound = (patch_size * patch_size * in_channels) ** -0.5
+    for e, e_bias in [(model.patch_embedding.proj.weight, model.patch_embedding.proj.bias),
+                      (timm_model.patch_embed.proj.weight, timm_model.patch_embed.proj.bias)]:
+        assert e.std().item() == pytest.approx(bound / 3**0.5, rel=0.05)  # uniform(±b): std b/√3
+        assert e.abs().max().item() <= bound
+        assert e_bias.abs().max().item() <= bound
+        assert e_bias.abs().mean().item() == pytest.approx(bound / 2, rel=0.2)  # not zero: |U(±b)| averages b/2
 
 
 def test_tiny_model_overfits_random_labels():

@@ -178,14 +178,18 @@ def resample_pos_embedding(pos_embedding: torch.Tensor, new_grid: tuple[int, int
     does it (antialiased bicubic, per channel). That resampling is linear in E_pos, so it is applied as a
     matrix: the interpolation of each grid cell's indicator, computed without gradient, then one matmul that
     carries E_pos's gradient. (Inductor, torch 2.14, cannot compile the backward of antialiased bicubic
-    interpolation; this way the compiled model has no graph break and one graph per image size.)"""
+    interpolation; this way the compiled model has no graph break and one graph per image size.)
+    Like timm's, it computes in float32 (float64 for a float64 E_pos) whatever autocast is active, and
+    returns E_pos's dtype: under bf16 autocast the matmul would otherwise round E_pos to bf16."""
     rows, cols = new_grid
     n = grid[0] * grid[1]
-    with torch.no_grad():
-        basis = torch.eye(n, device=pos_embedding.device, dtype=torch.float32).reshape(n, 1, *grid)
-        weights = F.interpolate(basis, size=(rows, cols), mode="bicubic", antialias=True, align_corners=False)
-    patches = weights.reshape(n, rows * cols).T.to(pos_embedding.dtype) @ pos_embedding[0, 1:]  # (rows·cols)×D
-    return torch.cat([pos_embedding[:, :1], patches[None]], dim=1)
+    dtype = torch.promote_types(pos_embedding.dtype, torch.float32)
+    with torch.autocast(pos_embedding.device.type, enabled=False):
+        with torch.no_grad():
+            basis = torch.eye(n, device=pos_embedding.device, dtype=dtype).reshape(n, 1, *grid)
+            weights = F.interpolate(basis, size=(rows, cols), mode="bicubic", antialias=True, align_corners=False)
+        patches = weights.reshape(n, rows * cols).T @ pos_embedding[0, 1:].to(dtype)  # (rows·cols)×D
+    return torch.cat([pos_embedding[:, :1], patches.to(pos_embedding.dtype)[None]], dim=1)
 
 
 class VisionTransformer(nn.Module):
@@ -211,10 +215,16 @@ class VisionTransformer(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """timm's ViT initialisation: trunc-normal(0.02) for E_pos and every linear map."""
+        """timm's ViT initialisation: trunc-normal(0.02) for E_pos and for every linear map but E, zero
+        biases, LayerNorms at 1/0, [cls] near 0. E keeps PyTorch's default, uniform(±1/√(P²C)) for weight
+        and bias, as timm's patch convolution does (its init touches only nn.Linear; E here is one, with the
+        same fan-in as timm's convolution)."""
         nn.init.trunc_normal_(self.pos_embedding, std=0.02)
         nn.init.normal_(self.cls_token, std=1e-6)
+        self.patch_embedding.proj.reset_parameters()
         for module in self.modules():
+            if module is self.patch_embedding.proj:
+                continue
             if isinstance(module, nn.Linear):
                 nn.init.trunc_normal_(module.weight, std=0.02)
                 nn.init.zeros_(module.bias)
