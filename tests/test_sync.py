@@ -2,79 +2,23 @@
 stand-in W&B server on 127.0.0.1 that answers what `wandb sync` asks (GraphQL, file uploads, the file stream)
 and keeps what it was sent."""
 
-import http.server
-import json
 import os
-import re
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import pytest
 
-from helpers import run_here
+from helpers import fake_wandb, run_here
 
 KEY = "0123456789abcdef0123456789abcdef01234567"  # (a stand-in's key: wandb checks its form, the server nothing)
 
 
-class FakeWandb(http.server.BaseHTTPRequestHandler):
-    """Answers wandb-core's sync: UpsertBucket (the run), CreateRunFiles (where to PUT its files), the file
-    stream (history rows, kept per run); with ``server.refuse`` set, every GraphQL call gets a permission error."""
-
-    def log_message(self, *args):
-        pass
-
-    def reply(self, answer: dict, status: int = 200):
-        body = json.dumps(answer).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if self.path.startswith("/graphql"):
-            request = json.loads(body)
-            operation = re.search(r"(?:query|mutation)\s+(\w+)", request.get("query", ""))
-            variables = request.get("variables") or {}
-            if self.server.refuse:
-                return self.reply({"errors": [{"message": "permission denied"}]}, 403)
-            if operation and operation.group(1) == "UpsertBucket":
-                self.server.runs.setdefault(variables["name"], [])
-                return self.reply({"data": {"upsertBucket": {"inserted": True, "bucket": {
-                    "id": variables["name"], "name": variables["name"], "displayName": variables["name"],
-                    "description": None, "config": "{}", "sweepName": None, "historyLineCount": 0,
-                    "eventsLineCount": 0, "summaryMetrics": "{}", "project": {
-                        "id": "p", "name": variables.get("project") or "vit", "entity": {"id": "e", "name": "team"}}}}}})
-            if operation and operation.group(1) == "CreateRunFiles":
-                port = self.server.server_port
-                return self.reply({"data": {"createRunFiles": {"runID": variables["run"], "uploadHeaders": [], "files": [
-                    {"name": f, "uploadUrl": f"http://127.0.0.1:{port}/upload/{f}"} for f in variables["files"]]}}})
-            return self.reply({"data": {}})
-        stream = re.fullmatch(r"/files/[^/]+/[^/]+/([^/]+)/file_stream", self.path)
-        if stream:
-            rows = json.loads(body).get("files", {}).get("wandb-history.jsonl", {}).get("content", [])
-            self.server.runs.setdefault(stream.group(1), []).extend(json.loads(row) for row in rows)
-        return self.reply({})
-
-    def do_PUT(self):
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-
 @pytest.fixture
-def wandb_server(monkeypatch):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeWandb)
-    server.runs, server.refuse = {}, False  # W&B run id -> the history rows it was sent
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
-    server.server_close()
+def wandb_server():
+    with fake_wandb() as server:
+        yield server
 
 
 def environment(monkeypatch, server, home: Path, key: str | None = KEY) -> dict:
