@@ -29,6 +29,7 @@ def environment(monkeypatch, server, home: Path, key: str | None = KEY) -> dict:
     for name, value in values.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("VIT_RUNS", raising=False)
     if key:
         monkeypatch.setenv("WANDB_API_KEY", key)
     monkeypatch.chdir(home)

@@ -1,6 +1,6 @@
 """`vit-sync [FOLDER ...]` / `python scripts/sync.py [FOLDER ...]`: upload the W&B runs logged offline under
-each FOLDER (default: runs) that are not uploaded yet, with `wandb sync`, from a machine with network (a
-cluster's login node). Runs already uploaded are left alone: running it again uploads only what is new.
+each FOLDER (default: $VIT_RUNS, else runs) that are not uploaded yet, with `wandb sync`, from a machine with
+network (a cluster's login node). Runs already uploaded are left alone: running it again uploads only what is new.
 
 Exit status: 0 every offline run is uploaded (or there was none); 1 `wandb sync` did not upload some of them
 (its own lines, above, say why; the next run of this command tries them again); 2 no such FOLDER, or no W&B
@@ -14,14 +14,15 @@ from pathlib import Path
 
 from vit import exits
 from vit.failures import exit_on_failure
+from vit.runs import runs_folder
 
 
 @exit_on_failure
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="vit-sync", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("folders", nargs="*", type=Path, default=[Path("runs")], metavar="FOLDER",
-                   help="searched whole for <run>/wandb/offline-run-*/ (default: runs)")
+    p.add_argument("folders", nargs="*", type=Path, default=[runs_folder()], metavar="FOLDER",
+                   help="searched whole for <run>/wandb/offline-run-*/ (default: $VIT_RUNS, else runs)")
     p.add_argument("--dry-run", action="store_true", help="list what would be uploaded, upload nothing")
     args = p.parse_args(argv)
     from vit.sync import credentials_missing, offline_runs, upload
