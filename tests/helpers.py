@@ -1,11 +1,16 @@
 """What the tests share: small datasets written in CIFAR-10's official format and as class folders, the
 smoke recipe run as a user runs it (a subprocess) or through vit-train's main() in this process, and the
-checks of a run's outputs. Test modules import from here, never from each other."""
+checks of a run's outputs, a stand-in W&B server. Test modules import from here, never from each other."""
 
+import contextlib
 import hashlib
+import http.server
+import json
 import os
+import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -116,3 +121,81 @@ def assert_same_training_state(a: dict, b: dict) -> None:
         for name, tensor in value.items():
             torch.testing.assert_close(ob["state"][key][name], tensor, rtol=0, atol=0, msg=f"optimizer {key} {name}")
     assert a["schedule"] == b["schedule"]
+
+
+class FakeWandb(http.server.BaseHTTPRequestHandler):
+    """Answers wandb-core's sync: UpsertBucket (the run), CreateRunFiles (where to PUT its files), the file
+    stream (history rows, kept per run); with ``server.refuse`` set, every GraphQL call gets a permission error."""
+
+    def log_message(self, *args):
+        pass
+
+    def reply(self, answer: dict, status: int = 200):
+        body = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path.startswith("/graphql"):
+            request = json.loads(body)
+            operation = re.search(r"(?:query|mutation)\s+(\w+)", request.get("query", ""))
+            variables = request.get("variables") or {}
+            if self.server.refuse:
+                return self.reply({"errors": [{"message": "permission denied"}]}, 403)
+            if operation and operation.group(1) == "UpsertBucket":
+                self.server.runs.setdefault(variables["name"], [])
+                return self.reply({"data": {"upsertBucket": {"inserted": True, "bucket": {
+                    "id": variables["name"], "name": variables["name"], "displayName": variables["name"],
+                    "description": None, "config": "{}", "sweepName": None, "historyLineCount": 0,
+                    "eventsLineCount": 0, "summaryMetrics": "{}", "project": {
+                        "id": "p", "name": variables.get("project") or "vit", "entity": {"id": "e", "name": "team"}}}}}})
+            url = f"http://127.0.0.1:{self.server.server_port}/upload/"
+            name = operation.group(1) if operation else None
+            if name == "CreateRunFiles":
+                return self.reply({"data": {"createRunFiles": {"runID": variables["run"], "uploadHeaders": [], "files": [
+                    {"name": f, "uploadUrl": url + f} for f in variables["files"]]}}})
+            # the checkpoints and tables a run logs as artifacts: created, their files and manifest put, committed
+            artifact = variables.get("artifactID") or "artifact"
+            answers = {
+                "ServerFeaturesQuery": {"serverInfo": {"features": []}},
+                "CreateArtifact": {"createArtifact": {"artifact": {
+                    "id": artifact, "state": "PENDING", "artifactSequence": {"latestArtifact": None}}}},
+                "CreateArtifactFiles": {"createArtifactFiles": {"files": {"edges": [{"node": {
+                    "storagePath": f["name"], "uploadUrl": url + f["name"], "uploadHeaders": [],
+                    "uploadMultipartUrls": None, "artifact": {"id": artifact}}}
+                    for f in (variables.get("input") or {}).get("artifactFiles", [])]}}},
+                "CreateArtifactManifest": {"createArtifactManifest": {"artifactManifest": {
+                    "id": "manifest", "file": {"id": "manifest", "uploadUrl": url + "manifest", "uploadHeaders": []}}}},
+                "CommitArtifact": {"commitArtifact": {"artifact": {"id": artifact, "digest": "0"}}},
+                "UseArtifact": {"useArtifact": {"artifact": {"id": artifact}}},
+            }
+            return self.reply({"data": answers.get(name, {})})
+        stream = re.fullmatch(r"/files/[^/]+/[^/]+/([^/]+)/file_stream", self.path)
+        if stream:
+            rows = json.loads(body).get("files", {}).get("wandb-history.jsonl", {}).get("content", [])
+            self.server.runs.setdefault(stream.group(1), []).extend(json.loads(row) for row in rows)
+        return self.reply({})
+
+    def do_PUT(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+@contextlib.contextmanager
+def fake_wandb():
+    """A stand-in W&B server on 127.0.0.1 (FakeWandb) for `wandb sync`: ``server.runs`` maps each W&B run id it
+    was sent to its history rows; point WANDB_BASE_URL at ``http://127.0.0.1:{server.server_port}``."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeWandb)
+    server.runs, server.refuse = {}, False
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()

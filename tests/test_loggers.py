@@ -40,7 +40,7 @@ def test_wandb_credentials_without_a_route_out_train_offline_after_a_short_wait(
     assert proc.returncode == 0, out[-3000:]
     run = tmp_path / "runs/smoke/version_0"
     line = (f"wandb: {env['WANDB_BASE_URL']} did not answer within 10 s; logging offline into {run.relative_to(tmp_path)}"
-            f"/wandb; upload later with `wandb sync {run.relative_to(tmp_path)}/wandb/offline-run-*`")
+            f"/wandb; upload later with `vit-sync {run.relative_to(tmp_path)}` on a machine with network")
     assert out.count(line) == 1, out[-3000:]
     assert len(list((run / "wandb").glob("offline-run-*"))) == 1 and (run / "results.json").is_file()
     assert "Traceback" not in out and seconds < 180
@@ -216,8 +216,8 @@ def test_a_run_behind_a_proxy_that_asks_for_credentials_trains_offline_at_once(t
                  "--test_after_fit", "false"]) == 0
     run = Path("runs/smoke/version_0")
     line = (f"wandb: {url} answered HTTP 407 Proxy Authentication Required, which is not the server's own answer (a "
-            f"proxy or gateway in the way?); logging offline into {run}/wandb; upload later with `wandb sync "
-            f"{run}/wandb/offline-run-*`")
+            f"proxy or gateway in the way?); logging offline into {run}/wandb; upload later with `vit-sync "
+            f"{run}` on a machine with network")
     assert [r.getMessage() for r in caplog.records].count(line) == 1, caplog.text[-3000:]
     assert len(list((tmp_path / run / "wandb").glob("offline-run-*"))) == 1
     print(f"a run behind a 407 proxy: {time.monotonic() - start:.1f} s")

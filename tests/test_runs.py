@@ -186,3 +186,28 @@ def test_only_process_zero_removes_drafts(tmp_path, monkeypatch):
     monkeypatch.setattr(rank_zero_only, "rank", 0)
     runs.open_for_fit(tmp_path / "runs", "last", "x", {}, [])
     assert not draft.exists()
+
+
+def test_vit_runs_moves_the_runs_the_plans_folders_and_their_array_logs(tmp_path, monkeypatch, fake_cifar, capsys):
+    """VIT_RUNS (a scratch folder) is where vit-train's runs, vit-plan's folders and its job array's SLURM logs
+    go, and where vit-sync looks, when no option names a folder: nothing lands in the working folder."""
+    from vit.commands.plan import main as plan
+    from vit.commands.sync import main as sync
+
+    scratch, clone = tmp_path / "scratch", tmp_path / "clone"
+    clone.mkdir()
+    monkeypatch.setenv("VIT_RUNS", str(scratch))
+    assert train_here(clone, fake_cifar, "--trainer.max_steps", "1", "--test_after_fit", "false") == 0
+    assert (scratch / "smoke/version_0/checkpoints/last.ckpt").is_file()
+    (clone / "two.yaml").write_text("args: [--config, smoke]\nruns: [{name: a}, {name: b}]\n")
+    monkeypatch.chdir(clone)
+    assert plan(["submit", "two.yaml", "--dry-run"]) == 0
+    script = (scratch / "two/two.sbatch").read_text()
+    assert f"#SBATCH --output={scratch}/two/slurm-%A_%a.out\n" in script and f"--runs {scratch}\n" in script
+    offline = scratch / "smoke/version_0/wandb/offline-run-20260101_000000-abcd1234"
+    offline.mkdir(parents=True)
+    (offline / "run-abcd1234.wandb").write_bytes(b"")
+    capsys.readouterr()
+    assert sync(["--dry-run"]) == 0
+    assert capsys.readouterr().out.startswith(f"would upload 1 offline W&B run of 1 under {scratch}:")
+    assert sorted(p.name for p in clone.iterdir()) == ["two.yaml"]

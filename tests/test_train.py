@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import (QUIET, ROOT, TEST_LINE, best_val_acc, digest, errors_of, load, train, train_here,
-                     write_bad_files, write_images)
+from helpers import (QUIET, ROOT, TEST_LINE, best_val_acc, digest, errors_of, fake_wandb, load, run_here, train,
+                     train_here, write_bad_files, write_images)
 
 
 
@@ -96,6 +96,36 @@ def test_smoke_run_logs_to_one_offline_wandb_run(smoke_run):
     assert {"epoch", "step", "val/acc", "train/loss", "test/acc"} <= set(header)
     assert "class_path: vit.callbacks.Throughput" in (run / "config.yaml").read_text()  # ThroughputMonitor is on
 
+
+def test_the_keys_training_md_names_are_the_ones_w_and_b_gets(smoke_run, tmp_path, monkeypatch):
+    """The smoke run's offline W&B run, uploaded by vit-sync to a stand-in server: every key it plots is in
+    docs/training.md's table of metrics, as is every key of metrics.csv; every key the table names is
+    logged, but those of what a smoke run has not (Muon, TimeToAccuracy, 100 steps for the rolling rates,
+    several processes)."""
+    cwd, proc = smoke_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    page = (ROOT / "docs/training.md").read_text()
+    table = page[page.index("### Metrics"):].split("\n\n")[2]
+    documented = {key for line in table.splitlines()[2:] for key in re.findall(r"`([\w-]+/[\w./]+)`", line.split("|")[2])}
+    with fake_wandb() as server:
+        for name, value in {"WANDB_BASE_URL": f"http://127.0.0.1:{server.server_port}", "HOME": str(tmp_path),
+                            "NETRC": str(tmp_path / "netrc"), "WANDB_CONFIG_DIR": str(tmp_path / "wandb"),
+                            "WANDB_API_KEY": "0123456789abcdef0123456789abcdef01234567", "no_proxy": "127.0.0.1",
+                            "NO_PROXY": "127.0.0.1", "WANDB_SILENT": "true"}.items():
+            monkeypatch.setenv(name, value)
+        synced = run_here("sync.py", cwd / "runs")
+        assert synced.returncode == 0, synced.stdout + synced.stderr
+        (rows,) = server.runs.values()
+    logged = {key for row in rows for key in row if not key.startswith("_")}
+    bookkeeping = {"epoch", "trainer/global_step", "train/batches", "train/samples", "train/time"}
+    media = {key for key in logged if key.startswith(("report/", "val/samples", "val/rollout"))}
+    assert logged - bookkeeping - media <= documented, logged - documented
+    header = set((cwd / "runs/smoke/version_0/metrics.csv").read_text().splitlines()[0].split(","))
+    assert header - {"step"} <= logged and header - {"step"} - bookkeeping <= documented
+    not_here = {key for key in documented if "Muon" in key or key.startswith("time_to/") or key.endswith(
+        ("samples_per_sec", "flops_per_sec", "mfu"))}
+    assert documented - not_here <= logged, documented - not_here - logged
+    assert {"train/loss_step", "val/acc", "test/acc", "lr-AdamW/pg1"} <= logged and len(not_here) == 8
 
 def test_learning_is_real(smoke_run):
     """The generated task is learnable (class = colour): the smoke recipe is far above 10% chance. Over
@@ -393,7 +423,7 @@ def test_without_a_gpu_the_default_is_the_cpu_recipe(tmp_path, fake_cifar_sessio
     assert re.search(r"optimizer:\n +name: muon\n", config)
     out = proc.stdout + proc.stderr
     assert "\x1b[" not in out  # no terminal colour codes in a log (wandb's closing lines included)
-    assert "wandb sync runs/cpu/version_0/wandb/offline-run-" in out
+    assert "upload later with `vit-sync runs/cpu/version_0` on a machine with network" in out
     for noise in ("Loading `train_dataloader` to estimate", "Trainer already configured", "| FLOPs"):
         assert noise not in out, noise
     flops = re.search(r"([\d.]+) M\s+Total Flops", out)  # the notes' count of the cpu recipe's model, not 0

@@ -55,9 +55,10 @@ class Preempted(Stopped):
 
 
 class RunFailed(RuntimeError):
-    """A command that ``vit-plan`` or ``vit-figures`` started failed, or could not start; its own output, above,
-    says why (with its traceback, if a bug). The plan's command ends with one line naming it and exit 1: the
-    status of a failure that is not a bad input of the plan's (no status of vit-train's table of its own)."""
+    """A command that ``vit-plan`` or ``vit-figures`` started failed, or could not start, or `wandb sync` did
+    not upload a run ``vit-sync`` gave it; its own output, above, says why (with its traceback, if a bug). The
+    command ends with one line naming it and exit 1: the status of a failure that is not a bad input of its
+    own (no status of vit-train's table of its own)."""
 
 
 class LostProcesses(RuntimeError):

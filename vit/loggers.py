@@ -98,7 +98,7 @@ def wandb_credentials_present() -> bool:
 
 class WandbLogger(_LightningWandbLogger):
     """Lightning's WandbLogger that never waits for an interactive login or an unreachable server: without
-    credentials (and without an explicit WANDB_MODE) it logs offline, to be uploaded later with `wandb sync`;
+    credentials (and without an explicit WANDB_MODE) it logs offline, to be uploaded later with `vit-sync`;
     with credentials but no route to the W&B server (a compute node, or a proxy that answers in its place),
     it logs offline after at most ``reach_timeout`` seconds instead of wandb's own 90 s and a traceback. Only
     rank zero starts the W&B run (Lightning's ``rank_zero_experiment``), so it alone asks the network, once;
@@ -116,11 +116,11 @@ class WandbLogger(_LightningWandbLogger):
         mode = os.environ.get("WANDB_MODE")
         if not kwargs.get("offline") and mode is None and not wandb_credentials_present():
             # wandb's own offline mode (not Lightning's offline=True, which refuses log_model): checkpoint
-            # artifacts are kept in the run folder and uploaded by `wandb sync` with the rest
+            # artifacts are kept in the run folder and uploaded by `vit-sync` with the rest
             kwargs["mode"] = "offline"
             rank_zero_info(f"wandb: no credentials found for {wandb_base_url()} (WANDB_API_KEY, or `wandb login` "
                            "in a netrc file), logging offline; "
-                           f"upload later with `wandb sync {kwargs.get('save_dir', '.')}/wandb/offline-run-*`")
+                           f"upload later with `vit-sync {kwargs.get('save_dir', '.')}` on a machine with network")
         super().__init__(*args, **kwargs)
         self._wandb_init.pop("anonymous", None)  # wandb warns that the setting has no effect
         from vit.runs import sweep_run_id
@@ -142,7 +142,7 @@ class WandbLogger(_LightningWandbLogger):
             if reason is not None:
                 self._wandb_init["mode"] = "offline"
                 rank_zero_info(f"wandb: {reason}; logging offline into {self.save_dir}/wandb; upload later with "
-                               f"`wandb sync {self.save_dir}/wandb/offline-run-*`")
+                               f"`vit-sync {self.save_dir}` on a machine with network")
         return _LightningWandbLogger.experiment.fget(self)
 
 

@@ -21,6 +21,15 @@ WANDB_ID = "wandb_id"
 LAST = "last.ckpt"  # at each epoch's end
 STEP = "step.ckpt"  # mid-epoch: every few minutes of training (base.yaml), and where a preempted job stopped
 ENV = "VIT_RUN_DIR"
+RUNS = "VIT_RUNS"
+
+
+def runs_folder() -> Path:
+    """The folder that holds the runs by default: ``VIT_RUNS`` (a scratch folder, say), else ``runs`` in the
+    working folder. vit-train's runs go to ``<it>/<recipe>/`` (unless --trainer.default_root_dir names a
+    root), vit-plan's and vit-figures' to ``<it>/<plan>/`` and ``<it>/figures/`` (unless --runs names a
+    folder), and vit-sync searches it."""
+    return Path(os.environ.get(RUNS) or "runs")
 
 
 def wandb_id(run: Path, known: str | None = None) -> str:

@@ -26,7 +26,8 @@ FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 def user_env(**extra: str) -> dict:
     """A user's environment: W&B with no credentials (so: offline, as for a new user), test callbacks
     importable (`--trainer.callbacks+=callbacks.X`)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("WANDB_API_KEY", "WANDB_MODE", "VIT_RUN_DIR")}
+    env = {k: v for k, v in os.environ.items() if k not in ("WANDB_API_KEY", "WANDB_MODE", "VIT_RUN_DIR",
+                                                                   "VIT_RUNS")}
     env.update(WANDB_SILENT="true", PYTHONUNBUFFERED="1", PYTHONPATH=str(TESTS), **extra)
     return env
 
@@ -47,11 +48,11 @@ def fresh_clone(dst: Path) -> Path:
     return dst
 
 
-def sbatch(clone: Path, *args: str, tasks: int = 2, env: dict | None = None) -> str:
+def sbatch(clone: Path, *args: str, tasks: int = 2, env: dict | None = None, options: tuple[str, ...] = ()) -> str:
     """Submit the project's own scripts/slurm/train.sbatch, unchanged, from ``clone``; sbatch's options
-    on the command line override its #SBATCH lines (no GPUs here)."""
+    on the command line (``options``: more of them) override its #SBATCH lines (no GPUs here)."""
     cmd = ["sbatch", "--parsable", "--nodes=1", f"--ntasks-per-node={tasks}", "--gpus-per-node=0",
-           "--cpus-per-task=1", "scripts/slurm/train.sbatch", *args]
+           "--cpus-per-task=1", *options, "scripts/slurm/train.sbatch", *args]
     proc = subprocess.run(cmd, cwd=clone, env=env or user_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip().split(";")[0]

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from launch import DATA_ARGS, log, max_abs_diff, sbatch, wait
+from launch import DATA_ARGS, log, max_abs_diff, sbatch, user_env, wait
 from helpers import TEST_LINE, digest, load
 
 SMOKE = ["--config", "smoke", *DATA_ARGS]
@@ -36,6 +36,23 @@ def test_a_fresh_clone_submits_and_completes_with_a_readable_log(clone, fake_cif
     assert "\r" not in out, "a progress bar wrote carriage returns into the log"
     assert re.search(r"\] epoch 1 validation: val/loss [\d.]+ val/acc [\d.]+", out)
     assert "Traceback" not in out and "sync_dist=True" not in out
+
+
+def test_vit_runs_puts_a_jobs_run_and_log_on_scratch_and_nothing_in_the_clone(clone, fake_cifar_session, tmp_path):
+    """docs/clusters.md's first lines: VIT_RUNS exported, the log's place on sbatch's line; the job's run
+    folder, its W&B files and its log are all on "scratch", and the clone gets no runs/ and no log."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()  # (SLURM makes no folder for a log)
+    before = {p.name for p in clone.iterdir()}
+    job_id = sbatch(clone, *SMOKE, *data(fake_cifar_session), "--trainer.max_epochs", "1", tasks=1,
+                    env=user_env(VIT_RUNS=str(scratch)), options=("--output", f"{scratch}/slurm-%j.out"))
+    record = wait(job_id, clone, timeout=900)
+    out = (scratch / f"slurm-{job_id}.out").read_text(errors="replace")
+    assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", out[-3000:]
+    run = scratch / "smoke" / f"slurm-{job_id}"
+    assert (run / "checkpoints/last.ckpt").is_file() and len(list((run / "wandb").glob("offline-run-*"))) == 1
+    new = {p.name for p in clone.iterdir()} - before  # (.venv and the package's files where this job installed)
+    assert "runs" not in new and not [name for name in new if name.startswith("slurm-")], new
 
 
 def test_a_one_task_job_has_its_own_run_and_resumes_another_only_when_named(clone, fake_cifar_session):

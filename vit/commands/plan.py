@@ -22,8 +22,8 @@ A plan file (`vit-plan show --help` has the whole schema):
       - {name: base, label: the cpu recipe}
       - {name: nowd, label: + no weight decay, args: [--model.optimizer.weight_decay, 0]}
 
-Each run trains in RUNS/TABLE/NAME/ (default runs/TABLE/NAME/, TABLE the file's name), continuing a run
-that stopped (--ckpt_path last); its record is that folder's results.json. Every run of a plan logs to one
+Each run trains in RUNS/TABLE/NAME/ (default: $VIT_RUNS/TABLE/NAME/, else runs/TABLE/NAME/; TABLE the file's
+name), continuing a run that stopped (--ckpt_path last); its record is that folder's results.json. Every run of a plan logs to one
 W&B group, named TABLE.
 
 Exit status: 0 done; 1 a run failed (its own output says why); 2 a bad argument or plan file (one line
@@ -40,6 +40,7 @@ import sys
 from pathlib import Path
 
 from vit.failures import exit_on_failure
+from vit.runs import runs_folder
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,7 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in (("run", "run the plan's runs on this machine"),
                        ("submit", "submit the plan as one SLURM job array, one task per run")):
         p = command(name, text)
-        p.add_argument("--runs", type=Path, default=Path("runs"), help="where the runs' folders go (default: runs)")
+        p.add_argument("--runs", type=Path, default=runs_folder(),
+                       help="where the runs' folders go (default: $VIT_RUNS, else runs)")
         p.add_argument("--data-root", type=Path, default=Path("data"),
                        help="the data root every run trains on (--data.root; default: data)")
         if name == "run":
@@ -73,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
         else:
             p.add_argument("--dry-run", action="store_true", help="write and print the script; do not call sbatch")
     p = command("table", "the plan's table: mean ± standard deviation over seeds, and n, for each run")
-    p.add_argument("--runs", type=Path, default=Path("runs"), help="the runs' folders (default: runs)")
+    p.add_argument("--runs", type=Path, default=runs_folder(), help="the runs' folders (default: $VIT_RUNS, else runs)")
     p.add_argument("--results", type=Path, default=None, help="read the records copied to RESULTS/TABLE/NAME.json instead")
     return parser
 
@@ -187,7 +189,7 @@ def submit(plan, args) -> int:
         return 1
     job = done.stdout.strip().split(";")[0]
     print(f"[plan] submitted job array {job}: {len(plan.runs)} task(s); when they are done, "
-          f"`vit-plan table {plan.path}{' --runs ' + str(args.runs) if args.runs != Path('runs') else ''}`")
+          f"`vit-plan table {plan.path}{' --runs ' + str(args.runs) if args.runs != runs_folder() else ''}`")
     return 0
 
 

@@ -216,7 +216,7 @@ class ViTCLI(LightningCLI):
         cfg = self.config
         if str(cfg.trainer.accelerator) in ("auto", "gpu", "cuda"):
             gpus.check_gpus_usable()
-        root = Path(cfg.trainer.default_root_dir or Path("runs") / configs.recipe_name(self.argv))
+        root = Path(cfg.trainer.default_root_dir or runs.runs_folder() / configs.recipe_name(self.argv))
         if self.mode == "test":
             if not cfg.ckpt_path or cfg.ckpt_path == "last":
                 raise ConfigError("test needs --ckpt_path CKPT, the checkpoint file to evaluate")
