@@ -2,14 +2,18 @@
 written as a YAML file) on this machine or as one SLURM job array, and render its table of mean and spread
 over seeds from the runs' own records.
 
-    vit-plan show my-sweep.yaml                  the runs it expands to, numbered (a job array's task ids)
+    vit-plan show my-sweep.yaml                  the runs it expands to, numbered (a job array's task ids), each
+                                                 with the vit-train command that runs it
     vit-plan run my-sweep.yaml                   run them here, one after the other (resources.at_once: a few
-                                                 at once, one CPU core each); a run with a record is skipped
+                                                 at once, one CPU core each); a run with its record is skipped,
+                                                 one whose record is of another command (an edited plan) is
+                                                 moved aside (RUNS/TABLE/NAME.replaced-N) and runs again
     vit-plan submit my-sweep.yaml                one SLURM job array, one task per run, each with the plan's
                                                  resources: writes RUNS/TABLE/TABLE.sbatch, prints it, sbatch;
                                                  a task stopped by a time limit requeues and continues
     vit-plan submit my-sweep.yaml --dry-run      only write and print the script
-    vit-plan table my-sweep.yaml                 mean ± standard deviation over seeds, and n, per change
+    vit-plan table my-sweep.yaml                 mean ± standard deviation over seeds, and n, per change, from
+                                                 the records of the plan's commands only
 
 A plan file (`vit-plan show --help` has the whole schema):
 
@@ -22,9 +26,10 @@ A plan file (`vit-plan show --help` has the whole schema):
       - {name: base, label: the cpu recipe}
       - {name: nowd, label: + no weight decay, args: [--model.optimizer.weight_decay, 0]}
 
+The plan's seeds, minutes and data come after each run's args: no recipe file in them overrides them.
 Each run trains in RUNS/TABLE/NAME/ (default runs/TABLE/NAME/, TABLE the file's name), continuing a run
-that stopped (--ckpt_path last); its record is that folder's results.json. Every run of a plan logs to one
-W&B group, named TABLE.
+that stopped (--ckpt_path last); its record is that folder's results.json, with the run's configuration.
+Every run of a plan logs to one W&B group, named TABLE.
 
 Exit status: 0 done; 1 a run failed (its own output says why); 2 a bad argument or plan file (one line
 naming the file and the key); 4 a run stopped where it resumes (a signal, a time limit) or --max-commands
