@@ -577,3 +577,36 @@ def test_a_record_belongs_to_its_command_an_edited_plan_moves_the_old_aside_and_
     assert main(["table", str(plan), "--runs", str(tmp_path / "runs")]) == 0
     out = capsys.readouterr().out
     assert "| a | `--model.arch.depth 2` | 1 of 1 |" in out and "left out" not in out
+
+
+def test_submit_moves_a_record_of_another_command_aside_and_the_table_leaves_it_out(tmp_path, capsys, fake_cifar,
+                                                                                   monkeypatch):
+    """Without training: one run's record has the plan's configuration, the other's another depth. The table
+    counts only the first and says why; submit moves the other's folder aside (whole) with one line, before
+    sbatch, so that its task runs it again; a record without a configuration (the committed history's) counts."""
+    plan_path = write(tmp_path / "two.yaml", "args: [--config, smoke]\nseeds: [0]\n"
+                                             "runs: [{name: a}, {name: b, args: [--model.arch.depth, '2']}, {name: c}]\n")
+    plan = plans.load(plan_path)
+    runs = tmp_path / "runs"
+    runner = plans.Runner(fake_cifar, runs)
+    a, b, c = plan.runs
+    wrong = {**runner.configuration(b), "model.arch.depth": 1}
+    for job, record in ((a, {"configuration": runner.configuration(a)}), (b, {"configuration": wrong}), (c, {})):
+        (runs / "two" / job.name / "checkpoints").mkdir(parents=True)
+        (runs / "two" / job.name / "results.json").write_text(json.dumps({"test_top1": 50.0, **record}))
+    assert main(["table", str(plan_path), "--runs", str(runs)]) == 0
+    out = capsys.readouterr().out
+    assert "| a | the plan's | 1 of 1 | 50.00 |" in out and "| c | the plan's | 1 of 1 | 50.00 |" in out
+    assert "| b | `--model.arch.depth 2` | 0 of 1 | pending |" in out
+    assert "1 record(s) left out, of another command than the plan's run now (b-s0; b-s0: model.arch.depth 1 → 2)" in out
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    write(bin_ / "sbatch", "#!/bin/bash\necho 123\n").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+    assert main(["submit", str(plan_path), "--runs", str(runs), "--data-root", str(fake_cifar)]) == 0
+    out = capsys.readouterr().out
+    aside = runs / "two" / "b-s0.replaced-1"
+    assert f"[plan] two/b-s0: its record is of another command (model.arch.depth 1 → 2): moved aside to {aside}; " \
+           "it runs again" in out and "[plan] 2 of 3 runs have their records: those are skipped" in out
+    assert (aside / "checkpoints").is_dir() and json.loads((aside / "results.json").read_text())["configuration"] == wrong
+    assert not (runs / "two" / "b-s0").exists() and (runs / "two" / "a-s0" / "results.json").is_file()
