@@ -613,3 +613,22 @@ def test_submit_moves_a_record_of_another_command_aside_and_the_table_leaves_it_
            "it runs again" in out and "[plan] 2 of 3 runs have their records: those are skipped" in out
     assert (aside / "checkpoints").is_dir() and json.loads((aside / "results.json").read_text())["configuration"] == wrong
     assert not (runs / "two" / "b-s0").exists() and (runs / "two" / "a-s0" / "results.json").is_file()
+
+
+def test_with_a_results_folder_a_copy_of_another_command_moves_aside_and_a_committed_record_stays(tmp_path, capsys):
+    """make figures' layout (records copied to RESULTS/TABLE/NAME.json): a copy of another configuration moves
+    aside with its run folder; a record without a configuration (the committed history) counts as its run's."""
+    plan = plans.load(write(tmp_path / "t.yaml", "args: [--config, smoke]\nruns: [{name: a}, {name: b}]\n"))
+    runner = plans.Runner(tmp_path / "data", tmp_path / "runs", tmp_path / "results")
+    a, b = plan.runs
+    (tmp_path / "results" / "t").mkdir(parents=True)
+    write(tmp_path / "results" / "t" / "a.json", json.dumps({"row": "a", "configuration": {
+        **runner.configuration(a), "seed_everything": 9}}))
+    write(tmp_path / "results" / "t" / "b.json", json.dumps({"row": "b", "command": "vit-train --config smoke"}))
+    (tmp_path / "runs" / "t" / "a" / "checkpoints").mkdir(parents=True)
+    assert runner.settle([a, b]) == 1
+    out = capsys.readouterr().out
+    assert f"moved aside to {tmp_path}/results/t/a.replaced-1.json, {tmp_path}/runs/t/a.replaced-1; it runs again" in out
+    assert "(seed_everything 9 → 0)" in out and "[plan] 1 of 2 runs have their records: those are skipped" in out
+    assert (tmp_path / "results" / "t" / "b.json").is_file() and not (tmp_path / "results" / "t" / "a.json").exists()
+    assert (tmp_path / "runs" / "t" / "a.replaced-1" / "checkpoints").is_dir()

@@ -115,10 +115,13 @@ class Runner(Inputs):
         aside, record and run folder, never deleted, with one line naming what differs, and runs again. Says how
         many of ``jobs`` have their records (those are skipped); returns that number."""
         for job in jobs:
-            differ = self.differences(job) or self.differences(job, self.own_record(job))
-            if differ:
-                record, folder = self.record_path(job), self.runs_root / job.table / job.name
-                moved = [aside(p) for p in ([folder] if folder in record.parents else [record, folder]) if p.exists()]
+            record, own, folder = self.record_path(job), self.own_record(job), self.runs_root / job.table / job.name
+            copied = self.differences(job)  # (with a results folder: its copy there; else the run's own)
+            mine = self.differences(job, own) if own != record else copied
+            targets = ([record] if copied and record != own else []) + ([folder] if copied or mine else [])
+            if targets:
+                differ = copied or mine
+                moved = [aside(p) for p in targets if p.exists()]
                 print(f"[plan] {job.table}/{job.name}: its record is of another command ({'; '.join(differ[:3])}"
                       f"{f'; {len(differ) - 3} more' if len(differ) > 3 else ''}): moved aside to "
                       f"{', '.join(map(str, moved))}; it runs again", flush=True)
