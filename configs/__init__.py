@@ -55,10 +55,10 @@ def gpu_present() -> bool:
     return torch.cuda.is_available() or os.environ.get("VIT_ASSUME_GPU") == "1"
 
 
-def default_files(mode: str, argv: list[str]) -> list[Path]:
+def default_files(mode: str, argv: list[str], note: bool = True) -> list[Path]:
     """The YAML files vit-train reads before the command line: the base, the default recipe, and without a
-    GPU (and without a recipe named) the CPU recipe, which one line announces; with --help, the recipes
-    named on the line too, so that --help shows their defaults."""
+    GPU (and without a recipe named) the CPU recipe, which one line announces (``note``); with --help, the
+    recipes named on the line too, so that --help shows their defaults."""
     defaults = [path(BASE), path(DEFAULT)]
     if mode == "fit" and not named_recipes(argv) and not gpu_present():
         from lightning.pytorch.utilities import rank_zero_info
@@ -67,8 +67,9 @@ def default_files(mode: str, argv: list[str]) -> list[Path]:
 
         gpus.check_gpus_usable()  # GPUs given but unusable: never the CPU recipe in their place
         defaults.append(path(CPU))
-        rank_zero_info(f"no GPU here: the default recipe {DEFAULT} is a GPU recipe (100 epochs, bf16), so "
-                       f"this runs the {CPU} recipe (10 minutes); name a recipe with --config to choose")
+        if note:
+            rank_zero_info(f"no GPU here: the default recipe {DEFAULT} is a GPU recipe (100 epochs, bf16), so "
+                           f"this runs the {CPU} recipe (10 minutes); name a recipe with --config to choose")
     if {"-h", "--help"} & set(argv):
         defaults += [path(name) for name in named_recipes(argv)]
     return defaults

@@ -5,6 +5,7 @@ a table of mean and spread over seeds from the runs' records. Every plan in expe
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -65,9 +66,11 @@ runs:
   - {name: bench, benchmark: [--sections, step]}
 """))
     assert plan.table == "grid" and [job.name for job in plan.runs] == ["a-s0", "a-s1", "b-s3", "bench"]
-    assert plan.runs[0].args == ("--config", "cpu", "--trainer.max_time", "00:00:10:00", "--seed_everything", "0")
-    assert plan.runs[2].args[2:] == ("--trainer.max_time", "00:01:30:00", "--seed_everything", "3",
-                                     "--model.augmentation.mixup", "0.2", "--model.tta_flip", "true")
+    assert plan.runs[0].args == ("--config", "cpu")
+    assert plan.runs[0].owned() == ("--seed_everything", "0", "--trainer.max_time", "00:00:10:00",
+                                    "--data", "vit.data.CIFAR10DataModule")
+    assert plan.runs[2].args[2:] == ("--model.augmentation.mixup", "0.2", "--model.tta_flip", "true")
+    assert plan.runs[2].owned()[:4] == ("--seed_everything", "3", "--trainer.max_time", "00:01:30:00")
     assert plan.runs[2].label == "+ b, seed 3" and plan.runs[3].table == "benchmark-grid"
     assert [[job.name for job in group] for group in plan.groups()] == [["a-s0", "a-s1"], ["b-s3"], ["bench"]]
 
@@ -96,7 +99,20 @@ runs:
     ("runs: [{name: a, args: [--model.mimetic, [0.7, 0.4]]}]\n", "runs[0].args"),
     ("runs: [{name: a, benchmark: [], seeds: [0]}]\n", "runs[0].seeds"),
     ("runs: [{name: a, commit: HEAD}]\n", "runs[0].commit"),
-    ("runs: [{name: a}, {name: a}]\n", "runs"),
+    ("runs: [{name: a}, {name: a}]\n", "runs: the run a comes twice"),
+    ("runs: [{name: a, seeds: [0]}, {name: a, seeds: [1], args: [--model.arch.depth, 2]}]\n",
+     "runs[1].name: a is also runs[0]'s, with another args: a name is one run of the table"),
+    ("seeds: [0, 1]\nruns: [{name: a}, {name: a, minutes: 2}]\n", "runs[1].name: a is also runs[0]'s, with another minutes"),
+    ("runs: [{name: a, seeds: [0], label: x}, {name: a, seeds: [1]}]\n", "runs[1].name: a is also runs[0]'s, with another label"),
+    ("runs: [{name: a, benchmark: []}, {name: a, benchmark: [--quick]}]\n", "runs[1].name: a is also runs[0]'s, with another benchmark"),
+    ("runs: [{name: a, seeds: [0]}, {name: a, seeds: [0, 1]}]\n", "runs: the run a-s0 comes twice"),
+    ("runs: [{name: a, seeds: [0]}, {name: a-s0}]\n", "runs: the run a-s0 comes twice"),
+    ("seeds: [0]\nruns: [{name: a, args: [--seed_everything, 3]}]\n", "runs[0].args: --seed_everything is the plan's"),
+    ("minutes: 2\nruns: [{name: a, args: [--trainer.max_time=00:00:10:00]}]\n", "runs[0].args: --trainer.max_time"),
+    ("args: [--data.root, /elsewhere]\nruns: [{name: a}]\n", "args: --data.root is the plan's"),
+    ("runs: [{name: a, data: fashion-mnist, args: [--data, vit.data.CIFAR10DataModule]}]\n", "runs[0].args: --data "),
+    ("runs: [{name: a, args: [--run, b]}]\n", "runs[0].args: --run is the plan's"),
+    ("runs: [{name: a, data: [cifar]}]\n", "runs[0].data"),
     ("runs: [{name: a}\n", "not YAML"),
 ])
 def test_a_bad_plan_file_is_one_line_naming_the_file_and_the_key(tmp_path, capsys, text, key):
@@ -156,9 +172,9 @@ runs:
     assert [int(i) for i, _, _ in arms] == list(range(6)) and {cwd for _, cwd, _ in arms} == {str(ROOT)}
     expanded = plans.load(plan).runs
     for (_, _, command), job in zip(arms, expanded):  # task i: the plan's run i, as vit-plan run starts it
-        assert command == f"{sys.executable} {ROOT}/scripts/train.py {' '.join(job.args)} --data.root " \
-                          f"{tmp_path}/data --trainer.default_root_dir {tmp_path}/runs/sweep --run {job.name} " \
-                          "--ckpt_path last"
+        assert command == f"{sys.executable} {ROOT}/scripts/train.py {' '.join(job.args)} --seed_everything " \
+                          f"{job.name[-1]} --data vit.data.CIFAR10DataModule --data.root {tmp_path}/data " \
+                          f"--trainer.default_root_dir {tmp_path}/runs/sweep --run {job.name} --ckpt_path last"
     assert 'scontrol requeue "${SLURM_JOB_ID}"' in text  # a task stopped by SIGUSR1 (exit 4) continues
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     # task 5 is the plan's run 5 (vit-plan show numbers them as the array does)
@@ -203,6 +219,7 @@ def test_a_users_plan_runs_here_in_one_wandb_group_and_its_table_has_mean_and_sp
         assert spread == pytest.approx(abs(got[0] - got[1]) / 2 ** 0.5, abs=0.006)
     again = plan_command("run", plan.name, "--data-root", str(fake_cifar))  # every run has its record
     assert again.returncode == 0 and "train.py" not in again.stdout
+    assert again.stdout.count("4 of 4 runs have their records: nothing to run") == 1
 
 
 def test_a_table_before_any_run_says_pending_and_a_history_plan_renders_but_does_not_run(tmp_path, capsys):
@@ -269,8 +286,8 @@ def test_the_plan_of_docs_experiments_is_the_example_file_and_expands_to_its_run
     assert shown == example.read_text()
     plan = plans.load(example)
     assert len(plan.runs) == 9 == 3 * 3 and "its 9 runs" in page
-    assert plan.runs[-1].args == ("--config", "cpu", "--trainer.max_time", "00:00:10:00", "--seed_everything", "2",
-                                  "--model.optimizer.weight_decay", "0.025")
+    assert plan.runs[-1].args == ("--config", "cpu", "--model.optimizer.weight_decay", "0.025")
+    assert plan.runs[-1].owned()[:4] == ("--seed_everything", "2", "--trainer.max_time", "00:00:10:00")
 
 
 def test_a_run_that_stops_where_it_resumes_ends_the_plan_with_exit_4_unless_minutes_asked_for_it(tmp_path, fake_cifar):
@@ -431,3 +448,187 @@ def test_missing_cifar_is_fetched_once_before_any_run_and_a_failed_fetch_is_one_
         runner.run_plan(plans.load(plan))
     runner.cifar(plans.load(plan))
     assert fetched == [tmp_path / "data"]  # once
+
+
+# A user's recipe file, as `vit-train --print_config` writes one: its own seed, budget and data.
+MINE = """seed_everything: 5
+trainer:
+  max_time: "00:00:42:00"
+data:
+  class_path: {data}
+  init_args:
+    root: /elsewhere
+    batch_size: 64
+"""
+
+
+def print_config(words: list[str], capsys) -> dict:
+    """vit-train's parsed configuration of a command line (--print_config), in this process."""
+    import yaml
+
+    from vit.commands import train
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        train.main([*words, "--print_config"])
+    assert done.value.code in (0, None)
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("plan_keys", [True, False], ids=["plan-seeds-minutes", "recipe-seeds-minutes"])
+@pytest.mark.parametrize("data", ["cifar", "fashion-mnist"])
+@pytest.mark.parametrize("recipe", ["name", "file"])
+def test_a_run_is_what_show_prints_and_the_plans_seed_budget_and_data_win_over_any_recipe(tmp_path, capsys, recipe,
+                                                                                          data, plan_keys):
+    """Plans with a recipe by name or as a file carrying seed_everything, max_time and data settings (the other
+    data module, another root), seeds and minutes from the plan, the run or neither, each data value: every
+    run's configuration as vit-train parses the very command `show` prints holds the plan's seed, budget, data
+    module and root, the recipe's where the plan gives none, and the recipe's other settings."""
+    other = {"cifar": "vit.data.ImageFolderDataModule", "fashion-mnist": "vit.data.CIFAR10DataModule"}[data]
+    mine = write(tmp_path / "mine.yaml", MINE.format(data=other))
+    first = ["--config", str(mine)] if recipe == "file" else ["--config", "cpu"]
+    plan_path = write(tmp_path / "grid.yaml", f"""
+args: {json.dumps(first)}
+{"seeds: [1]" if plan_keys else ""}
+{"minutes: 3" if plan_keys else ""}
+runs:
+  - {{name: a, data: {data}}}
+  - {{name: b, data: {data}, seeds: [7], minutes: 0.5, args: [--config, {mine}, --model.arch.depth, "1"]}}
+""")
+    runs, root = tmp_path / "runs", tmp_path / "data"
+    assert main(["show", str(plan_path), "--runs", str(runs), "--data-root", str(root)]) == 0
+    shown = [line.split(None, 1) for line in capsys.readouterr().out.splitlines() if line.startswith("      ")]
+    plan = plans.load(plan_path)
+    runner = plans.Runner(root, runs)
+    (root / "fashion-mnist-folders").mkdir(parents=True)  # (there: the command is made without fetching it)
+    assert [program for program, _ in shown] == ["vit-train"] * len(plan.runs) == ["vit-train"] * (2)
+    folder = root / "fashion-mnist-folders" if data == "fashion-mnist" else root
+    recipe_seed, recipe_time = (5, "00:00:42:00") if recipe == "file" else (0, "00:00:10:00")
+    for job, (_, line) in zip(plan.runs, shown):
+        words = shlex.split(line)
+        assert runner.train_command(job)[2:] == words  # `show`'s line is the command that runs
+        config = print_config(words, capsys)
+        seed, budget = ((1, "00:00:03:00") if plan_keys else (recipe_seed, recipe_time)) if job.change == "a" \
+            else (7, "00:00:00:30")
+        assert (config["seed_everything"], config["trainer"]["max_time"]) == (seed, budget), job.name
+        assert config["data"]["class_path"] == plans.DATA[data] != other
+        assert config["data"]["init_args"]["root"] == str(folder)
+        assert "download" not in config["data"]["init_args"] or data == "cifar"
+        if job.change == "b":  # its own args after the plan's
+            assert config["model"]["arch"]["depth"] == 1
+        if recipe == "file" or job.change == "b":  # the file's other data settings still hold
+            assert config["data"]["init_args"]["batch_size"] == 64
+        planned = runner.configuration(job)  # what the plan compares a record with: the same parse
+        assert (planned["seed_everything"], planned["trainer.max_time"], planned["data.class_path"]) == \
+            (seed, budget, plans.DATA[data])
+
+
+def test_a_plan_without_a_recipe_says_once_which_recipe_runs(tmp_path, capsys, caplog, monkeypatch):
+    monkeypatch.delenv("VIT_ASSUME_GPU", raising=False)
+    monkeypatch.setattr("vit.configs.gpu_present", lambda: False)
+    plan = write(tmp_path / "bare.yaml", "seeds: [0, 1, 2]\nruns: [{name: a}, {name: b}]\n")
+    with caplog.at_level("INFO"):
+        assert main(["show", str(plan)]) == 0
+    assert "6 run(s)" in capsys.readouterr().out
+    assert [r.getMessage()[:31] for r in caplog.records if "no GPU here" in r.getMessage()] == \
+        ["no GPU here: the default recipe"]  # once, not once per run
+
+
+@pytest.mark.long
+def test_a_record_belongs_to_its_command_an_edited_plan_moves_the_old_aside_and_runs_again(tmp_path, capsys,
+                                                                                          fake_cifar):
+    """A plan run at toy scale, then its run's args edited (depth 1 → 2, the same name): its record is another
+    command's, so the table leaves it out and says why, and `run` moves it aside (record and checkpoints, never
+    deleted) with one line, runs it again, and says what it skips."""
+    quick = [*TOY, "--trainer.logger", "false", "--trainer.max_epochs", "1"]
+    plan = tmp_path / "edit.yaml"
+
+    def plan_with(depth: int, b: str = "") -> Path:
+        return write(plan, f"args: {json.dumps(quick)}\nruns:\n  - {{name: a, args: [--model.arch.depth, '{depth}']}}\n"
+                           + b)
+
+    where = ["--runs", str(tmp_path / "runs"), "--data-root", str(fake_cifar)]
+    assert main(["run", str(plan_with(1)), *where]) == 0
+    run = tmp_path / "runs" / "edit" / "a"
+    first = json.loads((run / "results.json").read_text())
+    assert first["configuration"]["model.arch.depth"] == 1 and first["configuration"]["seed_everything"] == 0
+    # a second run whose record has its configuration (as vit-train writes it: not trained again here)
+    plan_with(1, "  - {name: b, args: [--model.arch.depth, '1']}\n")
+    b = plans.load(plan).runs[1]
+    (run.parent / "b").mkdir()
+    (run.parent / "b" / "results.json").write_text(json.dumps({**first, "configuration": plans.Runner(
+        fake_cifar, tmp_path / "runs").configuration(b)}))
+    capsys.readouterr()
+    assert main(["run", str(plan), *where]) == 0
+    assert "[plan] 2 of 2 runs have their records: nothing to run" in capsys.readouterr().out
+    plan_with(2, "  - {name: b, args: [--model.arch.depth, '1']}\n")
+    assert main(["table", str(plan), "--runs", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert "| a | `--model.arch.depth 2` | 0 of 1 | pending |" in out and "| b | `--model.arch.depth 1` | 1 of 1 |" in out
+    assert "1 record(s) left out, of another command than the plan's run now (a; a: model.arch.depth 1 → 2)" in out
+    checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert main(["run", str(plan), *where]) == 0
+    out = capsys.readouterr().out
+    aside = run.with_name("a.replaced-1")
+    assert f"[plan] edit/a: its record is of another command (model.arch.depth 1 → 2): moved aside to {aside}; " \
+           "it runs again" in out
+    assert "[plan] 1 of 2 runs have their records: those are skipped" in out and "--run b " not in out
+    assert json.loads((aside / "results.json").read_text()) == first  # kept whole, with its checkpoints
+    assert sorted(p.name for p in (aside / "checkpoints").iterdir()) == checkpoints
+    second = json.loads((run / "results.json").read_text())
+    assert second["configuration"]["model.arch.depth"] == 2 and "--model.arch.depth 2" in second["command"]
+    assert main(["table", str(plan), "--runs", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert "| a | `--model.arch.depth 2` | 1 of 1 |" in out and "left out" not in out
+
+
+def test_submit_moves_a_record_of_another_command_aside_and_the_table_leaves_it_out(tmp_path, capsys, fake_cifar,
+                                                                                   monkeypatch):
+    """Without training: one run's record has the plan's configuration, the other's another depth. The table
+    counts only the first and says why; submit moves the other's folder aside (whole) with one line, before
+    sbatch, so that its task runs it again; a record without a configuration (the committed history's) counts."""
+    plan_path = write(tmp_path / "two.yaml", "args: [--config, smoke]\nseeds: [0]\n"
+                                             "runs: [{name: a}, {name: b, args: [--model.arch.depth, '2']}, {name: c}]\n")
+    plan = plans.load(plan_path)
+    runs = tmp_path / "runs"
+    runner = plans.Runner(fake_cifar, runs)
+    a, b, c = plan.runs
+    wrong = {**runner.configuration(b), "model.arch.depth": 1}
+    for job, record in ((a, {"configuration": runner.configuration(a)}), (b, {"configuration": wrong}), (c, {})):
+        (runs / "two" / job.name / "checkpoints").mkdir(parents=True)
+        (runs / "two" / job.name / "results.json").write_text(json.dumps({"test_top1": 50.0, **record}))
+    assert main(["table", str(plan_path), "--runs", str(runs)]) == 0
+    out = capsys.readouterr().out
+    assert "| a | the plan's | 1 of 1 | 50.00 |" in out and "| c | the plan's | 1 of 1 | 50.00 |" in out
+    assert "| b | `--model.arch.depth 2` | 0 of 1 | pending |" in out
+    assert "1 record(s) left out, of another command than the plan's run now (b-s0; b-s0: model.arch.depth 1 → 2)" in out
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    write(bin_ / "sbatch", "#!/bin/bash\necho 123\n").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+    assert main(["submit", str(plan_path), "--runs", str(runs), "--data-root", str(fake_cifar)]) == 0
+    out = capsys.readouterr().out
+    aside = runs / "two" / "b-s0.replaced-1"
+    assert f"[plan] two/b-s0: its record is of another command (model.arch.depth 1 → 2): moved aside to {aside}; " \
+           "it runs again" in out and "[plan] 2 of 3 runs have their records: those are skipped" in out
+    assert (aside / "checkpoints").is_dir() and json.loads((aside / "results.json").read_text())["configuration"] == wrong
+    assert not (runs / "two" / "b-s0").exists() and (runs / "two" / "a-s0" / "results.json").is_file()
+
+
+def test_with_a_results_folder_a_copy_of_another_command_moves_aside_and_a_committed_record_stays(tmp_path, capsys):
+    """make figures' layout (records copied to RESULTS/TABLE/NAME.json): a copy of another configuration moves
+    aside with its run folder; a record without a configuration (the committed history) counts as its run's."""
+    plan = plans.load(write(tmp_path / "t.yaml", "args: [--config, smoke]\nruns: [{name: a}, {name: b}]\n"))
+    runner = plans.Runner(tmp_path / "data", tmp_path / "runs", tmp_path / "results")
+    a, b = plan.runs
+    (tmp_path / "results" / "t").mkdir(parents=True)
+    write(tmp_path / "results" / "t" / "a.json", json.dumps({"row": "a", "configuration": {
+        **runner.configuration(a), "seed_everything": 9}}))
+    write(tmp_path / "results" / "t" / "b.json", json.dumps({"row": "b", "command": "vit-train --config smoke"}))
+    (tmp_path / "runs" / "t" / "a" / "checkpoints").mkdir(parents=True)
+    assert runner.settle([a, b]) == 1
+    out = capsys.readouterr().out
+    assert f"moved aside to {tmp_path}/results/t/a.replaced-1.json, {tmp_path}/runs/t/a.replaced-1; it runs again" in out
+    assert "(seed_everything 9 → 0)" in out and "[plan] 1 of 2 runs have their records: those are skipped" in out
+    assert (tmp_path / "results" / "t" / "b.json").is_file() and not (tmp_path / "results" / "t" / "a.json").exists()
+    assert (tmp_path / "runs" / "t" / "a.replaced-1" / "checkpoints").is_dir()

@@ -144,9 +144,11 @@ def read(path: Path) -> dict:
 
 
 def record_run(trainer, module, mode: str, argv: list[str], ckpt: str | None, metrics: dict,
-               tested_checkpoint: dict | None) -> Path:
+               tested_checkpoint: dict | None, configuration: dict | None = None) -> Path:
     """results.json in the run folder, and the same record in the W&B run's summary. After fit it describes
-    the run (its clock, steps, epochs); after ``test`` (``tested_checkpoint``) the checkpoint's run."""
+    the run (its clock, steps, epochs) and keeps its effective ``configuration`` (vit.commands.train's: what
+    a plan compares with the run it plans, ``differences``); after ``test`` (``tested_checkpoint``) the
+    checkpoint's run."""
     import torch
 
     from vit import configs, guards
@@ -174,9 +176,24 @@ def record_run(trainer, module, mode: str, argv: list[str], ckpt: str | None, me
         train_images_per_second=clock.get("train_images_per_second"),
         # the commands the run took, and their first batches' seconds (torch.compile's, in training_seconds)
         commands=clock.get("commands"), first_batches_seconds=clock.get("first_batches_seconds"),
-        **({"time_to_val_acc": {f"{t:.2f}": round(s, 1) for t, s in reached.items()}} if reached is not None else {}))
+        **({"time_to_val_acc": {f"{t:.2f}": round(s, 1) for t, s in reached.items()}} if reached is not None else {}),
+        **({"configuration": configuration} if configuration is not None else {}))
     path = write(run, record, None if mode == "fit" else Path(ckpt).stem)
     wandb = wandb_logger(trainer.loggers)
-    if wandb is not None:
-        wandb.experiment.summary.update(record)
+    if wandb is not None:  # (the configuration: in the W&B run's config already)
+        wandb.experiment.summary.update({k: v for k, v in record.items() if k != "configuration"})
     return path
+
+
+def differences(record: dict, configuration: dict | None) -> list[str] | None:
+    """The options in which a record's run differs from ``configuration`` (a run's effective configuration, as
+    vit.commands.train writes it), as ``option: recorded → planned``; [] when it is that run. None when it cannot
+    tell: a record from before records kept their configuration (README's committed history), or an unknown
+    ``configuration`` (a run of another commit)."""
+    recorded = record.get("configuration")
+    if not isinstance(recorded, dict) or configuration is None:
+        return None
+    keys = sorted(set(recorded) | set(configuration))
+    missing = object()
+    return [f"{k} {recorded.get(k, '(none)')} → {configuration.get(k, '(none)')}"
+            for k in keys if recorded.get(k, missing) != configuration.get(k, missing)]

@@ -2,14 +2,18 @@
 written as a YAML file) on this machine or as one SLURM job array, and render its table of mean and spread
 over seeds from the runs' own records.
 
-    vit-plan show my-sweep.yaml                  the runs it expands to, numbered (a job array's task ids)
+    vit-plan show my-sweep.yaml                  the runs it expands to, numbered (a job array's task ids), each
+                                                 with the vit-train command that runs it
     vit-plan run my-sweep.yaml                   run them here, one after the other (resources.at_once: a few
-                                                 at once, one CPU core each); a run with a record is skipped
+                                                 at once, one CPU core each); a run with its record is skipped,
+                                                 one whose record is of another command (an edited plan) is
+                                                 moved aside (RUNS/TABLE/NAME.replaced-N) and runs again
     vit-plan submit my-sweep.yaml                one SLURM job array, one task per run, each with the plan's
                                                  resources: writes RUNS/TABLE/TABLE.sbatch, prints it, sbatch;
                                                  a task stopped by a time limit requeues and continues
     vit-plan submit my-sweep.yaml --dry-run      only write and print the script
-    vit-plan table my-sweep.yaml                 mean ± standard deviation over seeds, and n, per change
+    vit-plan table my-sweep.yaml                 mean ± standard deviation over seeds, and n, per change, from
+                                                 the records of the plan's commands only
 
 A plan file (`vit-plan show --help` has the whole schema):
 
@@ -22,9 +26,10 @@ A plan file (`vit-plan show --help` has the whole schema):
       - {name: base, label: the cpu recipe}
       - {name: nowd, label: + no weight decay, args: [--model.optimizer.weight_decay, 0]}
 
+The plan's seeds, minutes and data come after each run's args: no recipe file in them overrides them.
 Each run trains in RUNS/TABLE/NAME/ (default: $VIT_RUNS/TABLE/NAME/, else runs/TABLE/NAME/; TABLE the file's
-name), continuing a run that stopped (--ckpt_path last); its record is that folder's results.json. Every run of a plan logs to one
-W&B group, named TABLE.
+name), continuing a run that stopped (--ckpt_path last); its record is that folder's results.json, with the
+run's configuration. Every run of a plan logs to one W&B group, named TABLE.
 
 Exit status: 0 done; 1 a run failed (its own output says why); 2 a bad argument or plan file (one line
 naming the file and the key); 4 a run stopped where it resumes (a signal, a time limit) or --max-commands
@@ -56,8 +61,11 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("plan", help="a plan file (YAML), or the name of one in the repository's experiments/")
         return p
 
-    command("show", "the runs a plan expands to, numbered, with their arguments", epilog=plans.__doc__,
-            formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command("show", "the runs a plan expands to, numbered, each with the command that runs it",
+                epilog=plans.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=Path, default=Path("runs"), help="where the runs' folders go (default: runs)")
+    p.add_argument("--data-root", type=Path, default=Path("data"),
+                   help="the data root every run trains on (default: data)")
     for name, text in (("run", "run the plan's runs on this machine"),
                        ("submit", "submit the plan as one SLURM job array, one task per run")):
         p = command(name, text)
@@ -80,27 +88,33 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _show(plan) -> str:
+def _show(plan, runner) -> str:
+    """Each run numbered, with the command that runs it: vit-train's arguments exactly as `run` and `submit`
+    give them (``Runner.train_args``)."""
     import shlex
 
     from vit.plans import Benchmark
 
     lines = [f"{plan.path}: table {plan.table}, {len(plan.runs)} run(s), W&B group {plan.table}"]
     for i, job in enumerate(plan.runs):
-        what = "vit-benchmark" if isinstance(job, Benchmark) else "vit-train"
+        bench = isinstance(job, Benchmark)
+        what = "vit-benchmark" if bench else "vit-train"
         commit = f" (commit {job.commit})" if getattr(job, "commit", None) else ""
-        lines.append(f"{i:4d}  {job.name}: {job.label}{commit}\n      {what} {shlex.join(job.args)}")
+        lines.append(f"{i:4d}  {job.name}: {job.label}{commit}\n      {what} "
+                     f"{shlex.join(job.args if bench else runner.train_args(job))}")
     return "\n".join(lines)
 
 
-def check_arguments(plan) -> None:
-    """Each run's arguments parsed by the parser of its command (vit-train's, vit-benchmark's), as it would
-    parse them, before any work starts: a typo or an old option is one line naming the plan file and the run
-    (ConfigError). A run of another commit (commit:) takes that commit's options: not checked here."""
+def check_arguments(plan, runner) -> None:
+    """Each run's command parsed by the parser of its command (vit-train's, vit-benchmark's), as it would
+    parse it, before any work starts: a typo or an old option is one line naming the plan file and the run
+    (ConfigError). A run of another commit (commit:) takes that commit's options: not checked here. Which
+    recipe runs where a command names none is said once."""
+    from vit import configs
     from vit.exits import ConfigError
     from vit.plans import Benchmark
 
-    training = None
+    noted = False
     for job in plan.runs:
         if getattr(job, "commit", None):
             continue
@@ -108,10 +122,8 @@ def check_arguments(plan) -> None:
             if isinstance(job, Benchmark):
                 _check_benchmark(list(job.args))
                 continue
-            from vit.commands import train
-
-            training = training or train.training_parser()
-            train.check_arguments(training, list(job.args))
+            runner.configuration(job, note=not noted)
+            noted = noted or not configs.named_recipes(list(job.args))
         except ConfigError as e:
             raise ConfigError(f"{plan.path}: run {job.name}: {e}") from None
 
@@ -143,24 +155,25 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         return int(e.code or 0)
     plan = plans.load(plans.find(args.plan))
+    results_dir = getattr(args, "results", None)
+    runner = plans.Runner(getattr(args, "data_root", Path("data")).resolve(), args.runs.resolve(),
+                          results_dir and results_dir.resolve(), max_commands=getattr(args, "max_commands", None))
     if args.command != "table" and not plan.history:
-        check_arguments(plan)
+        check_arguments(plan, runner)
     if args.command == "show":
-        print(_show(plan))
+        print(_show(plan, runner))
         return 0
     if args.command == "table":
-        runner = plans.Runner(Path("data"), args.runs.resolve(), args.results and args.results.resolve())
-        print(f"{plan.path}: mean ± standard deviation over seeds; n: the runs with a record, of those planned")
-        print(summary(plan, runner.record_path), end="")
+        print(f"{plan.path}: mean ± standard deviation over seeds; n: the runs with a record of the plan's "
+              "command, of those planned")
+        print(summary(plan, runner), end="")
         return 0
     if plan.history:
         raise ConfigError(f"{plan.path}: history: a plan kept for its records; it does not run")
     if args.command == "submit":
-        return submit(plan, args)
+        return submit(plan, args, runner)
     if args.index is not None and not 0 <= args.index < len(plan.runs):
         raise ConfigError(f"--index {args.index}: the plan has runs 0 to {len(plan.runs) - 1} (vit-plan show)")
-    runner = plans.Runner(args.data_root.resolve(), args.runs.resolve(), args.results and args.results.resolve(),
-                          max_commands=args.max_commands)
     if not runner.run_plan(plan, args.index):
         print(f"[plan] stopped after {runner.commands} command(s) (--max-commands): run the same command again "
               "to continue", file=sys.stderr)
@@ -168,10 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def submit(plan, args) -> int:
+def submit(plan, args, runner) -> int:
     from vit import plans
 
-    runner = plans.Runner(args.data_root.resolve(), args.runs.resolve())
     script = runner.runs_root / plan.table / f"{plan.table}.sbatch"
     script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text(plans.sbatch_script(plan, runner))
@@ -183,6 +195,7 @@ def submit(plan, args) -> int:
               "write the script", file=sys.stderr)
         return 2
     runner.cifar(plan)  # the tasks would each fetch it into one folder: once, here, before they start
+    runner.settle(list(plan.runs))  # a record of another command: moved aside, so that its task runs it again
     done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
     if done.returncode:
         print(f"error: sbatch refused {script}: {done.stderr.strip()}", file=sys.stderr)

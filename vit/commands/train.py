@@ -211,6 +211,7 @@ class ViTCLI(LightningCLI):
     def parse_arguments(self, parser, args):
         refuse_old_command_line(args)
         self.config = parser.parse_args(args)
+        self.configuration = configuration(parser, self.config)
 
     def before_instantiate_classes(self):
         cfg = self.config
@@ -295,7 +296,7 @@ class ViTCLI(LightningCLI):
         rank_zero_info(f"test on {tested} images{limited} with {ckpt or 'the final weights'}: "
                        f"top-1 {100 * metrics['test/acc']:.2f}%, top-5 {100 * metrics['test/acc5']:.2f}%")
         record = results.record_run(self.trainer, self.model, self.mode, self.argv, ckpt, metrics,
-                                    self.resume and self.resume[1])
+                                    self.resume and self.resume[1], self.configuration if self.mode == "fit" else None)
         rank_zero_info(f"record: {record}")
         figures = report.publish(Path(self.trainer.default_root_dir), self.model, self.datamodule.test_set,
                                  self.trainer.loggers)
@@ -354,15 +355,38 @@ def training_parser():
     raise AssertionError("ViTCLI parsed no arguments")
 
 
-def check_arguments(parser, argv: list[str]) -> None:
-    """Parse a fit's command line with ``training_parser()``'s parser, as vit-train would, without running:
-    a bad or old option raises ConfigError with the parser's one line."""
+# what only places a run's files or bounds one command of it: not part of what a run is (``configuration``)
+PLACES = ("data.init_args.root", "trainer.default_root_dir", "run", "ckpt_path", "stop_after_minutes",
+          "step_checkpoint_minutes", "ddp_timeout")
+
+
+def configuration(parser, cfg) -> dict:
+    """A fit's effective configuration, as its record keeps it: every option as parsed (recipes, then the command
+    line), flat (``model.arch.depth``) and as JSON writes it, without what only places its files or bounds one
+    command (PLACES). Two commands with the same configuration train the same run."""
+    import json
+
+    import yaml
+
+    def flat(value, prefix=""):
+        if isinstance(value, dict):
+            return {k: v for key, item in value.items() for k, v in flat(item, f"{prefix}{key}.").items()}
+        return {prefix[:-1]: value}
+
+    options = flat(yaml.safe_load(parser.dump(cfg, skip_none=False, skip_validation=True)))
+    return json.loads(json.dumps({k: v for k, v in sorted(options.items()) if k not in PLACES}, default=str))
+
+
+def check_arguments(parser, argv: list[str], note: bool = True) -> dict:
+    """Parse a fit's command line with ``training_parser()``'s parser, as vit-train would, without running: its
+    effective configuration (``configuration``); a bad or old option raises ConfigError with the parser's one
+    line. ``note``: say which recipe runs when the line names none (else quietly)."""
     from jsonargparse import ArgumentError
 
-    parser.default_config_files = [str(p) for p in configs.default_files("fit", argv)]
+    parser.default_config_files = [str(p) for p in configs.default_files("fit", argv, note)]
     refuse_old_command_line(argv)
     try:
-        parser.parse_args(argv)
+        return configuration(parser, parser.parse_args(argv))
     except ArgumentError as e:
         raise ConfigError(failures.condense(str(e))) from None
 

@@ -7,7 +7,8 @@ A plan file::
     # what the plan measures (a comment)
     table: my-sweep            # its runs' folder and table (default: the file's name)
     args: [--config, cpu]      # the recipe every run starts from: vit-train's arguments
-    seeds: [0, 1]              # each run once per seed: NAME-sSEED, --seed_everything SEED (none: one run each)
+    seeds: [0, 1]              # each run once per seed: NAME-sSEED, --seed_everything SEED (none: one run each,
+                               # the recipe's seed)
     minutes: 10                # each run's budget: --trainer.max_time (none: the recipe's)
     resources:                 # what one run gets
       cpus: 2                  # CPU cores (a SLURM task's --cpus-per-task; default 1)
@@ -28,9 +29,21 @@ clone of its own: its code and recipes), or be a benchmark: ``benchmark: [vit-be
 instead of ``args``, its report the record of the table ``benchmark-TABLE``. ``history: true`` keeps a
 plan for its records only (its runs need options this version no longer has): it renders, it does not run.
 
+A name is one row of the table: entries may share one only to add seeds to the same change (the same label,
+args, minutes, data), and no run comes twice.
+
+What the plan sets for a run comes after all of its args, so that no recipe file in them (with its own
+seed_everything, max_time or data) overrides it: its seed and budget (where the plan gives them), its data
+module and root (``data``: vit.data.CIFAR10DataModule, or vit.data.ImageFolderDataModule for fashion-mnist),
+its run folder; written in ``args``, these options are refused. ``vit-plan show`` prints each run's command
+exactly as it runs.
+
 Each run trains in ``RUNS/TABLE/NAME/`` (``vit-train --run NAME --ckpt_path last``: a run that stopped
-continues), and its record is that folder's ``results.json``; every run of a plan is one W&B group, named
-after the table (WANDB_RUN_GROUP, which wandb reads).
+continues), and its record is that folder's ``results.json``, which keeps the run's effective configuration;
+every run of a plan is one W&B group, named after the table (WANDB_RUN_GROUP, which wandb reads). A run whose
+record is of another configuration (the plan was edited since) is not done: ``run`` and ``submit`` move its
+folder aside to ``RUNS/TABLE/NAME.replaced-N/``, saying what differs, and run it again; ``table`` leaves its
+record out and says so. A record from before records kept their configuration counts as its run's.
 """
 
 import subprocess  # noqa: F401  (tests patch plans.subprocess.Popen)

@@ -77,10 +77,14 @@ class Inputs:
             raise PlanFailed(f"CIFAR-10 is not in {self.data_root} and could not be downloaded here: run `make data` "
                              f"(python -m vit.commands.data --root {self.data_root}) where there is network") from e
 
+    def folders_path(self) -> Path:
+        """Where Fashion-MNIST's image folders are (``folders`` makes them)."""
+        return self.data_root / "fashion-mnist-folders"
+
     def folders(self) -> Path:
         """Fashion-MNIST as image folders, DATA_ROOT/fashion-mnist-folders, made once from
         DATA_ROOT/FashionMNIST (torchvision downloads its files there when missing; --quick: generated)."""
-        out = self.data_root / "fashion-mnist-folders"
+        out = self.folders_path()
         if not out.is_dir():
             from vit.exits import DatasetError
             from vit.folders import fashion_mnist_folders, write_fake_raw

@@ -20,7 +20,13 @@ NAME = re.compile(r"[A-Za-z0-9][\w-]*")
 PLAN_KEYS = {"table", "args", "seeds", "minutes", "resources", "runs", "history"}
 RUN_KEYS = {"name", "label", "args", "seeds", "minutes", "data", "commit", "benchmark"}
 RESOURCE_KEYS = {"cpus": 1, "gpus": 0, "memory": None, "time": None, "at_once": 1}  # None: the cluster's default
-DATA = ("cifar", "fashion-mnist")
+DATA = {"cifar": "vit.data.CIFAR10DataModule",  # a run's data: the data module it trains with
+        "fashion-mnist": "vit.data.ImageFolderDataModule"}  # (Fashion-MNIST written as image folders)
+# options a plan sets itself for each run (after its args): on a run's command line they are refused
+OWNED = {"--seed_everything": "seeds", "--trainer.max_time": "minutes", "--data": "data",
+         "--data.class_path": "data", "--data.root": "data (the data root: --data-root)",
+         "--trainer.default_root_dir": "its run folder (--runs)", "--run": "its run folder (the run's name)",
+         "--ckpt_path": "its run folder (a run continues from its last checkpoint)"}
 
 
 class PlanFailed(RunFailed):
@@ -39,11 +45,20 @@ class Run:
     table: str
     name: str
     label: str
-    args: tuple[str, ...]
+    args: tuple[str, ...]  # the plan's args, then the run's own (``own``)
     commit: str | None = None
     data: str = "cifar"
     change: str = ""  # the plan's run it expands (its name without the seed)
     own: tuple[str, ...] = ()  # that run's own arguments (beside the plan's)
+    seed: int | None = None  # the plan's seed for it (None: the recipe's)
+    minutes: float | None = None  # the plan's budget for it (None: the recipe's)
+
+    def owned(self) -> tuple[str, ...]:
+        """What the plan sets for this run, given after its args so that no recipe or argument overrides it: its
+        seed and budget (when the plan gives them) and its data module (``data``; the root: ``Runner``)."""
+        return (*(("--seed_everything", str(self.seed)) if self.seed is not None else ()),
+                *(("--trainer.max_time", max_time(self.minutes)) if self.minutes is not None else ()),
+                "--data", DATA[self.data])
 
 
 @dataclass(frozen=True)
@@ -147,6 +162,20 @@ def _resources(value, path: Path) -> dict:
     return out
 
 
+def _refuse_owned(words: tuple[str, ...], path: Path, key: str, run: Run) -> None:
+    """An option the plan sets itself for ``run`` (OWNED: its seed and budget where the plan gives them, its data
+    module, data root and run folder) written in the args: refused, naming the plan key that sets it. A data
+    module named as ``data:`` names it is the same setting, not refused."""
+    for i, word in enumerate(words):
+        option, equals, value = word.partition("=")
+        value = value if equals else (words[i + 1] if i + 1 < len(words) else "")
+        if option not in OWNED or option == "--seed_everything" and run.seed is None \
+                or option == "--trainer.max_time" and run.minutes is None \
+                or option in ("--data", "--data.class_path") and value == DATA[run.data]:
+            continue
+        raise _fail(path, key, f"{option} is the plan's to set ({OWNED[option]}), not an argument of its runs")
+
+
 def load(path: Path) -> Plan:
     """Read and check a plan file; a bad one raises ConfigError naming the file and the key."""
     path = Path(path)
@@ -177,6 +206,7 @@ def load(path: Path) -> Plan:
     if not isinstance(entries, list) or not entries:
         raise _fail(path, "runs", "takes a list of runs, each with a name (and label, args, seeds, ...)")
     runs: list[Run | Benchmark] = []
+    changes: dict[str, tuple[int, dict]] = {}  # each entry's name: its first entry (index, entry)
     for i, entry in enumerate(entries):
         where = f"runs[{i}]"
         if not isinstance(entry, dict) or "name" not in entry:
@@ -190,6 +220,14 @@ def load(path: Path) -> Plan:
         label = entry.get("label", name)
         if not isinstance(label, str) or "|" in label or "\n" in label:
             raise _fail(path, f"{where}.label", "takes one line of text without '|'")
+        if name in changes:  # one change, more seeds (a table's row); never another run under its name
+            j, earlier = changes[name]
+            other = next((k for k in sorted(set(entry) | set(earlier)) if k != "seeds"
+                          and entry.get(k) != earlier.get(k)), None)
+            if other is not None:
+                raise _fail(path, f"{where}.name", f"{name} is also runs[{j}]'s, with another {other}: a name is "
+                                                    "one run of the table; name this one otherwise")
+        changes[name] = (i, entry)
         if "benchmark" in entry:
             for key in ("args", "seeds", "minutes", "data", "commit"):
                 if key in entry:
@@ -201,21 +239,22 @@ def load(path: Path) -> Plan:
         run_seeds = _seeds(entry["seeds"], path, f"{where}.seeds") if "seeds" in entry else seeds
         run_minutes = _minutes(entry["minutes"], path, f"{where}.minutes") if "minutes" in entry else minutes
         data_kind = entry.get("data", "cifar")
-        if data_kind not in DATA:
+        if not isinstance(data_kind, str) or data_kind not in DATA:
             raise _fail(path, f"{where}.data", f"one of {', '.join(DATA)}")
         commit = entry.get("commit")
         if commit is not None and (not isinstance(commit, str) or not re.fullmatch(r"[0-9a-f]{7,40}", commit)):
             raise _fail(path, f"{where}.commit", "takes a commit of this repository (7 to 40 hex digits)")
-        budget = ("--trainer.max_time", max_time(run_minutes)) if run_minutes else ()
         for seed in run_seeds if run_seeds is not None else (None,):
             suffix = ("", "") if seed is None else (f"-s{seed}", f", seed {seed}")
-            seeded = () if seed is None else ("--seed_everything", str(seed))
-            runs.append(Run(table, name + suffix[0], label + suffix[1], (*base, *budget, *seeded, *args), commit,
-                            data_kind, name, args))
+            run = Run(table, name + suffix[0], label + suffix[1], (*base, *args), commit, data_kind, name, args, seed,
+                      run_minutes)
+            for key, words in (("args", base), (f"{where}.args", args)):
+                _refuse_owned(words, path, key, run)
+            runs.append(run)
     seen: set[tuple[str, str]] = set()
     for job in runs:
         if (job.table, job.name) in seen:
-            raise _fail(path, "runs", f"the run {job.name} comes twice (give each name's entries other seeds)")
+            raise _fail(path, "runs", f"the run {job.name} comes twice: each run of a plan is one name and seed")
         seen.add((job.table, job.name))
     return Plan(path, table, tuple(runs), resources, history)
 

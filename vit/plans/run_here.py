@@ -9,7 +9,7 @@ import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from vit import results
@@ -22,6 +22,17 @@ QUICK_TRAIN = ("--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arc
                "--trainer.max_epochs", "2", "--trainer.max_time", "null", "--data.batch_size", "50",
                "--data.val_size", "100", "--data.num_workers", "0", "--data.auto_augment", "null")
 QUICK_BENCH = ("--quick", "--device", "cpu", "--sections", "model,step")  # (test_benchmark runs every section)
+
+
+def aside(path: Path) -> Path:
+    """Move a file or folder aside, beside itself, as NAME.replaced-N (the first N free; a run's name has no
+    dot, so no run takes it): kept, never deleted, and no longer the run's."""
+    stem, suffix = (path.stem, path.suffix) if path.is_file() else (path.name, "")
+    n = 1
+    while (target := path.with_name(f"{stem}.replaced-{n}{suffix}")).exists():
+        n += 1
+    os.replace(path, target)
+    return target
 
 
 def program(tree: Path, command: str) -> list[str]:
@@ -49,6 +60,8 @@ class Runner(Inputs):
     quick_report: Path | None = None  # --quick: the one benchmark's report
     group: str | None = None  # the W&B group of the plan being run
     pin: bool = False  # the plan runs several at once (resources.at_once > 1): each run one core, one thread
+    planned: dict = field(default_factory=dict)  # each run's effective configuration (``configuration``)
+    parser: object = None  # vit-train's parser, built once when a configuration is wanted
 
     def record_path(self, job: Run | Benchmark) -> Path:
         if self.results_dir is not None:
@@ -60,11 +73,63 @@ class Runner(Inputs):
             return self.runs_root / job.table / f"{job.name}.json"
         return self.runs_root / job.table / job.name / results.FILE
 
+    def train_args(self, job: Run) -> list[str]:
+        """The run's vit-train arguments (``vit-plan show`` prints them): the plan's and the run's args, then what
+        the plan sets itself (its seed, budget and data module, ``Run.owned``; its data root and run folder), so
+        that no recipe file or argument before them overrides them."""
+        root = self.data_root if job.data == "cifar" else self.folders_path()
+        return [*job.args, *job.owned(), "--data.root", str(root), "--trainer.default_root_dir",
+                str(self.runs_root / job.table), "--run", job.name, "--ckpt_path", "last",
+                *self.bound("--stop_after_minutes"), *(QUICK_TRAIN if self.quick else ())]
+
     def train_command(self, job: Run) -> list[str]:
-        root = self.data_root if job.data == "cifar" else self.folders()
-        return [*program(self.tree(job), "train"), *job.args, "--data.root", str(root),
-                "--trainer.default_root_dir", str(self.runs_root / job.table), "--run", job.name,
-                "--ckpt_path", "last", *self.bound("--stop_after_minutes"), *(QUICK_TRAIN if self.quick else ())]
+        """The run's command, what it needs made first (its data's folders, its commit's checkout)."""
+        if job.data == "fashion-mnist":
+            self.folders()
+        return [*program(self.tree(job), "train"), *self.train_args(job)]
+
+    def configuration(self, job: Run, note: bool = False) -> dict | None:
+        """The run's effective configuration, as vit-train parses its command here (None for a run of another
+        commit, whose options are that commit's); a bad or old option raises ConfigError with the parser's line."""
+        if job.commit:
+            return None
+        if job.name not in self.planned:
+            from vit.commands import train
+
+            self.parser = self.parser or train.training_parser()
+            self.planned[job.name] = train.check_arguments(self.parser, self.train_args(job), note)
+        return self.planned[job.name]
+
+    def differences(self, job: Run | Benchmark, path: Path | None = None) -> list[str] | None:
+        """How the job's record (or the record at ``path``) differs from the run the plan has now ([]: it is that
+        run; None: no record, or one that cannot tell: from before records kept their configuration, or of another
+        commit's run)."""
+        path = path or self.record_path(job)
+        if not isinstance(job, Run) or not path.is_file():
+            return None
+        record = results.read(path)
+        return results.differences(record, self.configuration(job)) if "configuration" in record else None
+
+    def settle(self, jobs: list[Run | Benchmark]) -> int:
+        """Before running ``jobs``: a run whose record is another command's (the plan changed since) is moved
+        aside, record and run folder, never deleted, with one line naming what differs, and runs again. Says how
+        many of ``jobs`` have their records (those are skipped); returns that number."""
+        for job in jobs:
+            record, own, folder = self.record_path(job), self.own_record(job), self.runs_root / job.table / job.name
+            copied = self.differences(job)  # (with a results folder: its copy there; else the run's own)
+            mine = self.differences(job, own) if own != record else copied
+            targets = ([record] if copied and record != own else []) + ([folder] if copied or mine else [])
+            if targets:
+                differ = copied or mine
+                moved = [aside(p) for p in targets if p.exists()]
+                print(f"[plan] {job.table}/{job.name}: its record is of another command ({'; '.join(differ[:3])}"
+                      f"{f'; {len(differ) - 3} more' if len(differ) > 3 else ''}): moved aside to "
+                      f"{', '.join(map(str, moved))}; it runs again", flush=True)
+        done = sum(self.record_path(job).is_file() for job in jobs)
+        if done:
+            print(f"[plan] {done} of {len(jobs)} runs have their records: "
+                  + ("nothing to run" if done == len(jobs) else "those are skipped"), flush=True)
+        return done
 
     def bound(self, option: str) -> tuple[str, ...]:
         """``option minutes`` for a command when a bound was asked for (--minutes), else nothing."""
@@ -78,6 +143,7 @@ class Runner(Inputs):
         self.cifar(plan)
         self.pin = index is None and plan.resources["at_once"] > 1
         groups = [[plan.runs[index]]] if index is not None else plan.groups()
+        self.settle([job for group in groups for job in group])
         for k, group in enumerate(groups):
             if not self.run_group(group, k):
                 return False

@@ -24,18 +24,26 @@ def _spread(values: list[float | None], digits: int = 2) -> str:
     return f"{mean} ± {statistics.stdev(values):,.{digits}f}" if len(values) > 1 else mean
 
 
-def summary(plan: Plan, record_of) -> str:
-    """The plan's training runs as one row per change: n (the seeds with a record, of those planned) and the
-    mean ± standard deviation over them of test top-1, best validation accuracy, epochs and images/s;
-    ``record_of(run)`` is the record's path."""
+def summary(plan: Plan, runner) -> str:
+    """The plan's training runs as one row per change: n (the seeds with a record of the run the plan has now,
+    of those planned) and the mean ± standard deviation over them of test top-1, best validation accuracy,
+    epochs and images/s; ``runner.record_path(run)`` is the record's path. A record of another command (the plan
+    changed since it ran: ``runner.differences``) is left out, and a line under the table says which and why."""
     changes: dict[str, list[Run]] = {}
+    other: dict[str, list[str]] = {}  # the runs whose record is another command's: what differs
     for job in plan.runs:
         if isinstance(job, Run):
             changes.setdefault(job.change, []).append(job)
+            if differ := runner.differences(job):
+                other[job.name] = differ
+
+    def record_of(job):
+        path = runner.record_path(job)
+        return None if job.name in other else path
     head = ["run", "arguments", "n", "test top-1 (%)", "best val (%)", "epochs", "train img/s"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for change, jobs in changes.items():
-        got = [results.read(record_of(job)) for job in jobs if record_of(job).is_file()]
+        got = [results.read(record_of(job)) for job in jobs if record_of(job) and record_of(job).is_file()]
         label = re.sub(r", seed \d+$", "", jobs[0].label)
         own = f"`{shlex.join(jobs[0].own)}`" if jobs[0].own else "the plan's"
         cells = [label, own + (f" (commit {jobs[0].commit})" if jobs[0].commit else ""), f"{len(got)} of {len(jobs)}"]
@@ -46,4 +54,9 @@ def summary(plan: Plan, record_of) -> str:
         else:
             cells += ["pending"] * 4
         lines.append("| " + " | ".join(cells) + " |")
+    if other:
+        first, differ = next(iter(other.items()))
+        lines.append(f"\n{len(other)} record(s) left out, of another command than the plan's run now "
+                     f"({', '.join(other)}; {first}: {'; '.join(differ[:3])}{'; ...' if len(differ) > 3 else ''}): "
+                     "`vit-plan run` or `submit` moves them aside and runs them again")
     return "\n".join(lines) + "\n"
