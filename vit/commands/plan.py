@@ -63,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p = command("show", "the runs a plan expands to, numbered, each with the command that runs it",
                 epilog=plans.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", type=Path, default=Path("runs"), help="where the runs' folders go (default: runs)")
+    p.add_argument("--runs", type=Path, default=runs_folder(),
+                   help="where the runs' folders go (default: $VIT_RUNS, else runs)")
     p.add_argument("--data-root", type=Path, default=Path("data"),
                    help="the data root every run trains on (default: data)")
     for name, text in (("run", "run the plan's runs on this machine"),
