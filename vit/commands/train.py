@@ -35,6 +35,7 @@ from vit.data import split_batch
 from vit.exits import ConfigError, Stopped
 from vit.loggers import quiet_lightning
 from vit.module import ViTClassifier
+from vit.resume import check_global_batch
 
 MODES = ("fit", "test")
 
@@ -269,6 +270,8 @@ class ViTCLI(LightningCLI):
     def fit(self) -> None:
         ckpt = str(self.resume[0]) if self.resume else None
         self.check_batch()
+        if self.resume:
+            check_global_batch(self.resume[1], self.datamodule, self.trainer.accumulate_grad_batches, ckpt)
         if self.trainer.world_size > 1:
             launch.join_torchrun_group(self.trainer.strategy.root_device.type,
                                        self.config.ddp_timeout + Watchdog.BACKSTOP)
