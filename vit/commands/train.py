@@ -147,7 +147,8 @@ def refuse_old_options(options: dict, where: str = "") -> None:
 def add_run_options(parser) -> None:
     """vit-train's own options beside the Trainer's, the model's and the data's."""
     parser.add_argument("--ckpt_path", type=Optional[str], default=None,
-                        help="fit: resume from this checkpoint, or 'last': the newest run's last.ckpt; "
+                        help="fit: resume from this checkpoint, or 'last': the newest checkpoint that reads (by the "
+                             "time each records it was saved) of the newest run under the root, or of --run; "
                              "test: the checkpoint to evaluate")
     parser.add_argument("--run", type=Optional[str], default=None,
                         help="name the run folder under the root (default: the next version_N); "
