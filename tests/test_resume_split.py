@@ -109,3 +109,26 @@ def test_a_changed_global_batch_is_refused_before_training(tmp_path, fake_cifar_
         "run's is 32 (--data.batch_size 32 × --trainer.accumulate_grad_batches 1): resume with --data.batch_size × "
         "--trainer.accumulate_grad_batches = 64, split as you like, or start a new run"]
     torch.testing.assert_close(load(last)["state_dict"], before["state_dict"], rtol=0, atol=0)  # nothing trained
+
+
+def test_a_checkpoint_that_counted_loader_batches_resumes_in_its_own_split(tmp_path, fake_cifar_session,
+                                                                            uninterrupted, monkeypatch):
+    """A step checkpoint of an earlier version kept the data's position in loader batches (``batches``, ``skipped``)
+    and no split: resumed with the split it was written in, it ends as the uninterrupted run."""
+    for key, value in SLURM_TASK.items():
+        monkeypatch.setenv(key, value)
+    handler = signal.getsignal(signal.SIGUSR1)
+    try:
+        assert train_here(tmp_path, fake_cifar_session, *split("64x1"), "--trainer.callbacks+=callbacks.SignalAtBatch",
+                          "--trainer.callbacks.batch", "9", "--trainer.callbacks.signal", "SIGUSR1") == 4
+        path = tmp_path / "runs/smoke/slurm-77/checkpoints/step.ckpt"
+        ckpt = load(path)
+        state = ckpt["CIFAR10DataModule"]
+        ckpt["CIFAR10DataModule"] = {"train_epochs": state["train_epochs"], "epoch": state["epoch"], "batches": 3,
+                                     "skipped": 0}  # as the earlier version wrote it
+        torch.save(ckpt, path)
+        assert train_here(tmp_path, fake_cifar_session, *split("64x1"), "--ckpt_path", "last") == 0
+    finally:
+        signal.signal(signal.SIGUSR1, handler)
+    check_same_as_uninterrupted(uninterrupted, load(tmp_path / "runs/smoke/slurm-77/checkpoints/last.ckpt"),
+                                "a checkpoint in loader batches, 64x1 -> 64x1")
