@@ -33,7 +33,8 @@ def make_fake_cifar(root: Path, per_batch: int = 100, test_size: int = 200, seed
 
 def train(cwd: Path, data: Path | None, *extra: str, timeout: int = 300, quiet: bool = True) -> subprocess.CompletedProcess:
     """scripts/train.py with the smoke recipe; ``quiet``: progress bar and model summary off."""
-    env = {**os.environ, "PYTHONPATH": str(TESTS), "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)]),  # (this tree's vit, whatever
+           "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}  # the environment has installed)
     env.pop("WANDB_API_KEY", None)
     env.pop("WANDB_MODE", None)
     cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), *smoke_argv(data, extra, quiet)]

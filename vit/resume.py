@@ -102,7 +102,10 @@ def check_global_batch(ckpt: dict, datamodule, accumulate: int, name: str | None
     --trainer.accumulate_grad_batches), split in any way; another one is refused in one line, before training
     (it would change the steps of an epoch, the learning rate's scaling and the schedule mid-run)."""
     state = ckpt.get(type(datamodule).__qualname__)
-    theirs = state.get("step_images") if isinstance(state, dict) else None
+    state = state if isinstance(state, dict) else {}
+    if "batches" in state:  # an earlier version's, in its own loader batches
+        check_accumulation(ckpt, accumulate, name)
+    theirs = state.get("step_images")
     batch = getattr(datamodule, "batch_size", None)
     if theirs is None or not isinstance(batch, int) or theirs == batch * accumulate:
         return
@@ -110,6 +113,23 @@ def check_global_batch(ckpt: dict, datamodule, accumulate: int, name: str | None
                       f"step, and this run's is {batch * accumulate} (--data.batch_size {batch} × "
                       f"--trainer.accumulate_grad_batches {accumulate}): resume with --data.batch_size × "
                       f"--trainer.accumulate_grad_batches = {theirs}, split as you like, or start a new run")
+
+
+def check_accumulation(ckpt: dict, accumulate: int, name: str | None) -> None:
+    """A checkpoint of an earlier version counted the data's position in its loader batches and did not record
+    its split: resumed with its global batch and its accumulation, those batches are this run's (however the
+    processes share them). Its accumulation is its batches per optimizer step (every epoch is whole steps);
+    another one is refused in one line."""
+    progress = ckpt.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress", {})
+    batches, steps = progress.get("total", {}).get("processed"), ckpt.get("global_step")
+    if not isinstance(batches, int) or not isinstance(steps, int) or steps <= 0 or batches % steps:
+        return
+    theirs = batches // steps
+    if theirs != accumulate:
+        raise ConfigError(f"{name or 'the checkpoint'}: written by an earlier version with "
+                          f"--trainer.accumulate_grad_batches {theirs}, and it counts its place in the data in "
+                          f"those batches: resume it with --trainer.accumulate_grad_batches {theirs} and the "
+                          f"--data.batch_size it was written with")
 
 
 def batch_images(trainer) -> int | None:
@@ -124,9 +144,8 @@ def batch_images(trainer) -> int | None:
 class DataSplit(L.Callback):
     """A checkpoint written with another split of the same global batch (another per-process batch,
     accumulation or number of processes) counts its epoch's progress in its own loader batches: Lightning's
-    training loop's batch counters (``loops.fit_loop.epoch_loop.batch_progress``, a documented part of the
-    checkpoint's format that Lightning keeps as internals) and RNGStates' are turned into this run's before
-    they are restored, so that the loop ends the epoch, steps the optimizer and checkpoints where the
+    training loop's batch counters (the checkpoint's ``loops.fit_loop.epoch_loop.batch_progress``: vit.private_api)
+    and RNGStates' are turned into this run's before they are restored, so that the loop ends the epoch, steps the optimizer and checkpoints where the
     uninterrupted run does. The data's own position is in images (``DataPosition``)."""
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint):

@@ -3,6 +3,7 @@ before any process starts; the out-of-memory line's flags for 2 processes and ac
 batch one process cannot read is skipped by both, which stay in step; a one-process run resumes on 2 processes
 sharing its global batch."""
 
+import os
 import re
 import sys
 
@@ -72,11 +73,18 @@ STOPS = {"epoch-end": (["--trainer.callbacks+=callbacks.StopAfterEpoch", "--trai
                       "--trainer.callbacks.signal", "SIGUSR1"], 4, 9)}
 
 
+def this_tree(**extra: str) -> dict:
+    """A user's environment running this tree's vit (whatever the environment has installed)."""
+    env = user_env(**extra)
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(ROOT)])
+    return env
+
+
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory, fake_cifar_session) -> dict:
     """The uninterrupted run on one process: its last checkpoint."""
     cwd = tmp_path_factory.mktemp("whole")
-    (code,), out = run_together([[*SPLIT, "--data.root", str(fake_cifar_session)]], cwd, user_env(), timeout=300)
+    (code,), out = run_together([[*SPLIT, "--data.root", str(fake_cifar_session)]], cwd, this_tree(), timeout=300)
     assert code == 0, out[-3000:]
     return load(cwd / "runs/smoke/version_0/checkpoints/last.ckpt")
 
@@ -89,7 +97,7 @@ def test_one_process_at_64_resumes_on_2_processes_at_32_each(stop, tmp_path, fak
     data = ["--data.root", str(fake_cifar_session)]
     args, status, step = STOPS[stop]
     name = "slurm-77" if stop == "sigusr1" else "part"
-    env = user_env(**SLURM_TASK) if stop == "sigusr1" else user_env()
+    env = this_tree(**SLURM_TASK) if stop == "sigusr1" else this_tree()
     (code,), out = run_together([[*SPLIT, *data, *args, *([] if stop == "sigusr1" else ["--run", name])]], tmp_path,
                                 env, timeout=300)
     assert code == status, out[-3000:]
@@ -97,9 +105,10 @@ def test_one_process_at_64_resumes_on_2_processes_at_32_each(stop, tmp_path, fak
     saved = load(run / ("last.ckpt" if stop == "epoch-end" else "step.ckpt"))
     assert saved["global_step"] == step
     (code,), out = run_together([[*SPLIT, *data, "--run", name, "--ckpt_path", "last", "--trainer.devices", "2",
-                                  "--trainer.strategy", "ddp"]], tmp_path, user_env(), timeout=300)
+                                  "--trainer.strategy", "ddp"]], tmp_path, this_tree(), timeout=300)
     assert code == 0, out[-6000:]
     assert "global batch 64 = 2 processes × 32" in out
+    assert load(run / "last.ckpt")["CIFAR10DataModule"]["images"] == 6 * 64  # (this tree's vit wrote it)
     resumed = load(run / "last.ckpt")
     delta = max_abs_diff(whole["state_dict"], resumed["state_dict"])
     print(f"{stop}, 1 process at 64 -> 2 processes at 32: {resumed['global_step']} steps, max |dw| {delta:.2e}")
