@@ -24,9 +24,7 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0 if argv else 2
     run, extra = Path(argv[0]), argv[1:]
-    if not (run / "config.yaml").is_file() or not (run / runs.CHECKPOINTS).is_dir():
-        raise RunError(f"{run}: not a run folder (it needs config.yaml and checkpoints/)")
-    ckpt = runs.best_checkpoint(run)
+    ckpt = runs.best_checkpoint(run) if (run / "config.yaml").is_file() else None
     if ckpt is None:
         raise RunError(f"{run}: not a run folder (it needs config.yaml and checkpoints/)")
     return train.main(["test", "--config", str(run / "config.yaml"), "--ckpt_path", str(ckpt),
