@@ -22,6 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 EVERY_STEP = ["--step_checkpoint_minutes", "0.0001"]  # 6 ms: a step checkpoint after every step
+# a one-task SLURM job's variables: set in this process, vit-train runs as that job (run folder slurm-77)
+SLURM_TASK = {"SLURM_JOB_ID": "77", "SLURM_NTASKS": "1", "SLURM_JOB_NUM_NODES": "1", "SLURM_NTASKS_PER_NODE": "1",
+              "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_JOB_NAME": "vit",
+              "SLURM_NODELIST": "localhost", "SLURM_CPUS_ON_NODE": "2"}
 TEST_LINE = r"test on (\d+) images(?: \(of \d+: [^)]+\))? with (.*): top-1 ([\d.]+)%, top-5 ([\d.]+)%"
 
 
@@ -34,7 +38,8 @@ def make_fake_cifar(root: Path, per_batch: int = 100, test_size: int = 200, seed
 
 def train(cwd: Path, data: Path | None, *extra: str, timeout: int = 300, quiet: bool = True) -> subprocess.CompletedProcess:
     """scripts/train.py with the smoke recipe; ``quiet``: progress bar and model summary off."""
-    env = {**os.environ, "PYTHONPATH": str(TESTS), "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)]),  # (this tree's vit, whatever
+           "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}  # the environment has installed)
     env.pop("WANDB_API_KEY", None)
     env.pop("WANDB_MODE", None)
     cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), *smoke_argv(data, extra, quiet)]

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helpers import EVERY_STEP, QUIET, assert_same_training_state, load, train, train_here
+from helpers import EVERY_STEP, QUIET, SLURM_TASK, assert_same_training_state, load, train, train_here
 
 OFF = ["--trainer.logger", "false", "--test_after_fit", "false", *QUIET]
 
@@ -104,16 +104,11 @@ def test_a_run_killed_inside_an_accumulation_window_resumes_exactly(tmp_path, fa
                    "--trainer.callbacks.batch", "13")
     assert killed.returncode == -9, killed.stderr[-3000:]
     step = load(part / "runs/smoke/version_0/checkpoints/step.ckpt")
-    assert step["global_step"] == 6 and step["CIFAR10DataModule"]["batches"] == 12  # step 6's end
+    assert step["global_step"] == 6 and step["CIFAR10DataModule"]["images"] == 12 * 25  # step 6's end
     resumed = train(part, fake_cifar_session, *args, "--ckpt_path", "last", "--test_after_fit", "false")
     assert resumed.returncode == 0 and "from its step.ckpt" in resumed.stderr, resumed.stderr[-3000:]
     assert_same_training_state(load(full / "runs/smoke/version_0/checkpoints/last.ckpt"),
                                load(part / "runs/smoke/version_0/checkpoints/last.ckpt"))
-
-
-SLURM_TASK = {"SLURM_JOB_ID": "77", "SLURM_NTASKS": "1", "SLURM_JOB_NUM_NODES": "1", "SLURM_NTASKS_PER_NODE": "1",
-              "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_JOB_NAME": "vit",
-              "SLURM_NODELIST": "localhost", "SLURM_CPUS_ON_NODE": "2"}
 
 
 def test_sigusr1_inside_an_accumulation_window_stops_at_the_steps_end_and_resumes_exactly(
@@ -133,7 +128,7 @@ def test_sigusr1_inside_an_accumulation_window_stops_at_the_steps_end_and_resume
                           "--trainer.callbacks.batch", "11", "--trainer.callbacks.signal", "SIGUSR1") == 4
         assert "got SIGUSR1 (a time limit or preemption is near): stopped at step 6, in epoch 0" in capsys.readouterr().err
         step = load(part / "runs/smoke/slurm-77/checkpoints/step.ckpt")
-        assert step["global_step"] == 6 and step["CIFAR10DataModule"]["batches"] == 12
+        assert step["global_step"] == 6 and step["CIFAR10DataModule"]["images"] == 12 * 25
         assert train_here(part, fake_cifar_session, *args, "--ckpt_path", "last") == 0
     finally:
         signal.signal(signal.SIGUSR1, handler)

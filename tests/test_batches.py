@@ -203,9 +203,9 @@ def load_ckpt(path):
 
 
 def test_a_skipped_batch_counts_in_the_data_position_so_a_resume_reads_on_where_the_run_stopped(tmp_path):
-    """The loader's position in a checkpoint is the batches the loop consumed plus those skipped before them:
-    resumed after 2 or 4 consumed batches (batch 2 of the loader skipped), the loader gives what the
-    uninterrupted one gave after them."""
+    """The loader's position in a checkpoint is the images of the batches the loop consumed plus those skipped
+    before them: resumed after 2 or 4 consumed batches (batch 2 of the loader skipped), the loader gives what
+    the uninterrupted one gave after them."""
     from types import SimpleNamespace
 
     from vit.data import ImageFolderDataModule
@@ -227,8 +227,9 @@ def test_a_skipped_batch_counts_in_the_data_position_so_a_resume_reads_on_where_
     for consumed, position in ((2, 2), (4, 5)):
         done = SimpleNamespace(fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=SimpleNamespace(
             current=SimpleNamespace(processed=consumed)))))
-        state = dm.position.state_dict(done)
-        assert (state["epoch"], state["batches"], state["skipped"]) == (0, position, position - consumed)
+        state = dm.position.state_dict(done, 4, 4)
+        assert (state["epoch"], state["images"], state["skipped_images"]) == \
+            (0, 4 * position, 4 * (position - consumed))
         dm.position.load_state_dict(state)
         assert labels(dm.train_dataloader()) == whole[consumed:]
 

@@ -1,6 +1,7 @@
-"""Run folders after a copy (vit.runs, vit.checkpoint_io): `--ckpt_path last` goes by the steps each checkpoint
-records and the newest run by the time each checkpoint records, not by files' modification times, which
-`cp -r` resets; drafts of killed saves are removed when a run starts again; a file system that refuses to
+"""Run folders after a copy (vit.runs, vit.checkpoint_io): `--ckpt_path last` takes the newest checkpoint and the
+newest run by the time each checkpoint records, not by files' modification times, which `cp -r` resets (a run
+restarted from an earlier checkpoint follows its new branch); the best checkpoint is the one the run's checkpoint
+callback recorded; drafts of killed saves are removed when a run starts again; a file system that refuses to
 sync a folder does not fail a save that is in place."""
 
 import errno
@@ -12,18 +13,23 @@ import time
 import pytest
 import torch
 
-from helpers import EVERY_STEP, assert_same_training_state, load, train_here
+from helpers import EVERY_STEP, SLURM_TASK, assert_same_training_state, load, train_here
 from vit import runs
 from vit.checkpoint_io import AtomicCheckpointIO, save_atomically
 
 QUIET = ["--trainer.logger", "false", "--test_after_fit", "false"]
 
 
-def write(path, step: int, saved: float | None = None, mtime: float = 0.0, size: int = 10) -> None:
+def write(path, step: int, saved: float | None = None, mtime: float = 0.0, size: int = 10,
+          best: str | None = None) -> None:
     """A checkpoint of ``step`` steps saved at ``saved`` (as vit's writer stamps it; None: an older writer's),
-    its file's modification time set to ``mtime`` (a copy's)."""
+    its file's modification time set to ``mtime`` (a copy's); ``best``: the best checkpoint its monitoring
+    ModelCheckpoint had recorded (as Lightning keeps it in the callbacks' state)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     ckpt = {"state_dict": {"w": torch.full((size,), float(step))}, "global_step": step}
+    if best is not None:
+        ckpt["callbacks"] = {"ModelCheckpoint{'monitor': 'val/acc'}": {"monitor": "val/acc", "best_model_path": best},
+                             "ModelCheckpoint{'monitor': None}": {"monitor": None, "best_model_path": ""}}
     torch.save(ckpt if saved is None else {**ckpt, "saved_at": saved}, path)
     os.utime(path, (mtime, mtime))
 
@@ -35,14 +41,13 @@ def test_each_checkpoint_records_when_it_was_saved(tmp_path):
     assert before <= runs.saved_step(tmp_path / "last.ckpt")[1] <= time.time()
 
 
-def test_the_checkpoint_with_the_most_steps_comes_first_whatever_the_files_times(tmp_path):
-    """Modification times reversed (as after a copy in reverse order): the order is by steps; at equal
-    steps step.ckpt and last.ckpt come before the best ones; a file whose step cannot be read comes first, so
-    that the full read names it."""
+def test_the_newest_checkpoint_by_its_recorded_time_comes_first_whatever_the_files_times(tmp_path):
+    """Modification times reversed (as after a copy in reverse order): the order is by the times the files
+    record; a file whose step cannot be read comes first, so that the full read names it."""
     folder = tmp_path / "run" / runs.CHECKPOINTS
-    write(folder / "best-epoch001-acc0.5000.ckpt", 16, saved=300.0, mtime=9000)
+    write(folder / "best-epoch001-acc0.5000.ckpt", 16, saved=190.0, mtime=9000)
     write(folder / "best-epoch000-acc0.4000.ckpt", 8, saved=100.0, mtime=8000)
-    write(folder / "last.ckpt", 16, saved=200.0, mtime=7000)  # saved before the best one of its epoch
+    write(folder / "last.ckpt", 16, saved=200.0, mtime=7000)  # saved after the best one of its epoch
     write(folder / "step.ckpt", 12, saved=150.0, mtime=6000)
     assert [p.name for p in runs.checkpoints(tmp_path / "run")] == \
         ["last.ckpt", "best-epoch001-acc0.5000.ckpt", "step.ckpt", "best-epoch000-acc0.4000.ckpt"]
@@ -55,14 +60,53 @@ def test_the_checkpoint_with_the_most_steps_comes_first_whatever_the_files_times
     assert skipped.startswith(f"; skipped {folder / 'torn.ckpt'}: not a readable checkpoint")
 
 
+def test_a_branch_restarted_from_an_earlier_checkpoint_comes_before_the_abandoned_one(tmp_path):
+    """The run was restarted from step 6 and saved step.ckpt at step 9 after the old branch's last.ckpt of step
+    12: step.ckpt is the newer; a file that records no time counts by its modification time."""
+    folder = tmp_path / "run" / runs.CHECKPOINTS
+    write(folder / "last.ckpt", 12, saved=100.0, mtime=9000)
+    write(folder / "mine.ckpt", 6, saved=50.0, mtime=9500)  # the user's copy, to restart from
+    write(folder / "step.ckpt", 9, saved=200.0, mtime=10)
+    assert [p.name for p in runs.checkpoints(tmp_path / "run")] == ["step.ckpt", "last.ckpt", "mine.ckpt"]
+    write(folder / "old.ckpt", 20, saved=None, mtime=150)
+    assert [p.name for p in runs.checkpoints(tmp_path / "run")] == ["step.ckpt", "old.ckpt", "last.ckpt", "mine.ckpt"]
+    write(folder / "old.ckpt", 20, saved=None, mtime=250)
+    assert runs.last_checkpoint(tmp_path / "run").name == "old.ckpt"
+
+
+def test_the_best_checkpoint_is_the_one_the_run_recorded_not_the_newest_file(tmp_path):
+    """save_top_k 2 and a copy that gave the worse best file the newest time: the best is the file that the
+    newest checkpoint's monitoring callback names, looked up in this run's folder (the record names the folder
+    of the run that was copied); without a monitoring callback, the newest checkpoint; a recorded file that is
+    gone is said in one line."""
+    from vit.exits import RunError
+
+    folder = tmp_path / "run" / runs.CHECKPOINTS
+    elsewhere = "/old/place/runs/x/version_0/checkpoints/best-epoch001-acc0.6000.ckpt"
+    write(folder / "best-epoch001-acc0.6000.ckpt", 8, saved=100.0, mtime=10)
+    write(folder / "best-epoch002-acc0.5000.ckpt", 12, saved=150.0, mtime=9000)
+    write(folder / "last.ckpt", 12, saved=160.0, mtime=20, best=elsewhere)
+    assert runs.best_checkpoint(tmp_path / "run") == folder / "best-epoch001-acc0.6000.ckpt"
+    write(folder / "last.ckpt", 12, saved=160.0, mtime=20)  # no callback monitors a metric
+    assert runs.best_checkpoint(tmp_path / "run") == folder / "last.ckpt"
+    write(folder / "last.ckpt", 12, saved=160.0, mtime=20, best=elsewhere)
+    (folder / "best-epoch001-acc0.6000.ckpt").unlink()
+    with pytest.raises(RunError, match="its best checkpoint, best-epoch001-acc0.6000.ckpt \\(by last.ckpt's record\\), "
+                                       "is not in"):
+        runs.best_checkpoint(tmp_path / "run")
+    assert runs.best_checkpoint(tmp_path / "none") is None
+
+
 def test_at_equal_steps_the_later_saved_of_step_and_last_comes_first(tmp_path):
     folder = tmp_path / "run" / runs.CHECKPOINTS
     write(folder / "last.ckpt", 8, saved=100.0, mtime=5)
     write(folder / "step.ckpt", 8, saved=101.0, mtime=1)
     assert runs.last_checkpoint(tmp_path / "run").name == "step.ckpt"
-    write(folder / "step.ckpt", 8, saved=None, mtime=1)  # an older writer's: last.ckpt first
-    write(folder / "last.ckpt", 8, saved=None, mtime=0)
+    write(folder / "step.ckpt", 8, saved=None, mtime=1)  # an older writer's: by the files' times
+    write(folder / "last.ckpt", 8, saved=None, mtime=2)
     assert runs.last_checkpoint(tmp_path / "run").name == "last.ckpt"
+    os.utime(folder / "step.ckpt", (3, 3))
+    assert runs.last_checkpoint(tmp_path / "run").name == "step.ckpt"
 
 
 def test_the_newest_run_is_the_one_whose_checkpoint_was_saved_last_after_a_copy(tmp_path):
@@ -211,3 +255,45 @@ def test_vit_runs_moves_the_runs_the_plans_folders_and_their_array_logs(tmp_path
     assert sync(["--dry-run"]) == 0
     assert capsys.readouterr().out.startswith(f"would upload 1 offline W&B run of 1 under {scratch}:")
     assert sorted(p.name for p in clone.iterdir()) == ["two.yaml"]
+
+
+def test_a_run_restarted_from_an_earlier_checkpoint_and_preempted_resumes_on_its_new_branch(
+        tmp_path, fake_cifar_session, monkeypatch, caplog):
+    """A one-task SLURM job (its variables, in this process) trains 2 epochs (12 steps, last.ckpt), keeping a copy
+    of epoch 0's last.ckpt in its checkpoints folder. The user restarts it from that copy for 3 epochs; preempted
+    (SIGUSR1) at step 9, the requeued job takes that step's step.ckpt, not the old branch's last.ckpt of step
+    12, and ends with the weights of the new branch run without a stop."""
+    import signal
+
+    tiny = ["--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2", "--data.batch_size", "64",
+            *QUIET, "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+            "--trainer.log_every_n_steps", "1", *EVERY_STEP]
+    longer = [*tiny, "--trainer.max_epochs", "3"]
+    job, reference = tmp_path / "job", tmp_path / "reference"
+    job.mkdir(), reference.mkdir()
+    for key, value in SLURM_TASK.items():
+        monkeypatch.setenv(key, value)
+    checkpoints = job / "runs/smoke/slurm-77/checkpoints"
+    handler = signal.getsignal(signal.SIGUSR1)
+    try:
+        assert train_here(job, fake_cifar_session, *tiny, "--trainer.max_epochs", "2",
+                          "--trainer.callbacks+=callbacks.StopAfterEpoch", "--trainer.callbacks.epoch", "0") == 0
+        shutil.copy(checkpoints / "last.ckpt", checkpoints / "epoch0.ckpt")
+        assert train_here(job, fake_cifar_session, *tiny, "--trainer.max_epochs", "2", "--ckpt_path", "last") == 0
+        assert load(checkpoints / "last.ckpt")["global_step"] == 12
+        restart = ["--ckpt_path", str(checkpoints / "epoch0.ckpt")]
+        assert train_here(job, fake_cifar_session, *longer, *restart, "--trainer.callbacks+=callbacks.SignalAtBatch",
+                          "--trainer.callbacks.batch", "9", "--trainer.callbacks.signal", "SIGUSR1") == 4
+        assert load(checkpoints / "step.ckpt")["global_step"] == 9
+        assert load(checkpoints / "last.ckpt")["global_step"] == 12  # the abandoned branch's, with more steps
+        caplog.clear()
+        assert train_here(job, fake_cifar_session, *longer, "--ckpt_path", "last") == 0
+        assert "resuming runs/smoke/slurm-77 from its step.ckpt" in caplog.text
+        for key in SLURM_TASK:
+            monkeypatch.delenv(key)
+        shutil.copy(checkpoints / "epoch0.ckpt", reference / "epoch0.ckpt")
+        assert train_here(reference, fake_cifar_session, *longer, "--ckpt_path", str(reference / "epoch0.ckpt")) == 0
+    finally:
+        signal.signal(signal.SIGUSR1, handler)
+    assert_same_training_state(load(next(reference.glob("runs/smoke/version_*/checkpoints/last.ckpt"))),
+                               load(checkpoints / "last.ckpt"))

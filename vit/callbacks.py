@@ -224,7 +224,8 @@ def run_callbacks(trainer: dict, configured: list, step_checkpoint_minutes: floa
     ``stuck_seconds`` ends), exact resume (epoch seeds), the divergence
     and preemption stops (looked at every log_every_n_steps steps), the run's clock and record, the
     learning rate in the logs, --stop_after_minutes, the rolling step checkpoint and each process's RNG
-    states in checkpoints (exact mid-epoch resume, vit.resume), the W&B run's id in checkpoints, and
+    states in checkpoints, a checkpoint's batch counts in this run's split (exact mid-epoch resume under any
+    split of the global batch, vit.resume), the W&B run's id in checkpoints, and
     vit.progress.ProgressBar and ModelSummary unless one is configured or turned off."""
     from pathlib import Path
 
@@ -235,13 +236,13 @@ def run_callbacks(trainer: dict, configured: list, step_checkpoint_minutes: floa
     from vit import runs
     from vit.guards import StopAfterMinutes, StopOnNonFinite, StopOnSignal, Watchdog
     from vit.progress import ModelSummary, ProgressBar
-    from vit.resume import RNGStates, StepCheckpoint
+    from vit.resume import DataSplit, RNGStates, StepCheckpoint
     from vit.seeding import EpochSeed
 
     every = trainer.get("log_every_n_steps") or 50
     # StopOnSignal after the clock: its checkpoint of the stop step holds that step's count
-    callbacks = [Watchdog(stuck_seconds), EpochSeed(), RNGStates(), StopOnNonFinite(every), TrainingClock(),
-                 StopOnSignal(every), WandbRunId()]
+    callbacks = [Watchdog(stuck_seconds), EpochSeed(), RNGStates(), DataSplit(), StopOnNonFinite(every),
+                 TrainingClock(), StopOnSignal(every), WandbRunId()]
     if trainer.get("logger", True) not in (False, []):
         callbacks.append(LearningRateMonitor("step"))
     if trainer.get("enable_progress_bar") is not False and \

@@ -243,7 +243,9 @@ class ImageDataModule(L.LightningDataModule):
         return self._loader(self.train_set, train=True)
 
     def state_dict(self) -> dict:
-        return self.position.state_dict(self.trainer)
+        world = self.trainer.world_size if self.trainer is not None else 1
+        return self.position.state_dict(self.trainer, self.process_batch() * world,
+                                        self.batch_size * self.accumulation())
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.position.load_state_dict(state_dict)

@@ -57,14 +57,15 @@ class DeviceBatches:
     N times the ``batch_size`` (the global batch). Each step's crops and flips are drawn for the whole
     global batch from a generator seeded with (seed, epoch, step), and each rank takes those of its
     images: an image's augmentation does not depend on the number of processes or the rank, and an epoch
-    can start at any step exactly: ``position(batches)`` says which epoch a new iterator is and its first
-    batch (vit.resume.DataPosition). With ``accumulate`` batches per optimizer step, the draws are those of
-    the optimizer step's images, and the epoch is whole optimizer steps: the images and augmentations of one
-    batch ``accumulate`` times larger. The last incomplete optimizer step is dropped.
+    can start at any step exactly: ``position(batches, images per batch of all processes)`` says which
+    epoch a new iterator is and its first batch (vit.resume.DataPosition). With ``accumulate`` batches per
+    optimizer step, the draws are those of the optimizer step's images, and the epoch is whole optimizer
+    steps: the images and augmentations of one batch ``accumulate`` times larger, however it is split. The
+    last incomplete optimizer step is dropped.
     """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, seed: int,
-                 position: Callable[[int], tuple[int, int]], rank: int = 0, world_size: int = 1,
+                 position: Callable[[int, int], tuple[int, int]], rank: int = 0, world_size: int = 1,
                  padding: int = 4, hflip: bool = True, accumulate: int = 1):
         self.images, self.labels = images, labels
         self.batch_size, self.seed, self.position = batch_size, seed, position
@@ -76,7 +77,7 @@ class DeviceBatches:
 
     def __iter__(self):
         device = self.images.device
-        epoch, start = self.position(len(self))
+        epoch, start = self.position(len(self), self.batch_size * self.world_size)
         # one order for all ranks (seed, epoch); the global batch's augmentation draws (seed, epoch, step)
         order = torch.randperm(len(self.labels), device=device,
                                generator=torch.Generator(device=device).manual_seed(epoch_seed(self.seed, epoch)))

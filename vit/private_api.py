@@ -19,7 +19,9 @@ PRIVATE_USES = (
      "deletes an existing file (its _check_log_dir_exists, overridden) and has no option to keep it"),
     ("vit/resume.py", "fit_loop.epoch_loop.batch_progress", "exact mid-epoch resume needs the batches the training "
      "loop has finished in the current epoch (its batch_progress counters); Lightning keeps them in its loops, "
-     "which it documents as internals, with no public accessor"),
+     "which it documents as internals, with no public accessor; a resume in another split of the global batch "
+     "turns the same counters in the checkpoint's loops entry into its own batches (DataSplit), which no "
+     "public hook of Lightning's does"),
     ("vit/schedule.py", "fit_loop.setup_data", "the schedule (built in configure_optimizers) needs num_training_batches of an open-ended run "
      "(a time budget) to lay warmup in epochs; Lightning computes it in the fit loop's setup_data, which it "
      "calls only after configure_optimizers in that case"),

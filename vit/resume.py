@@ -6,7 +6,8 @@ and its RNG states, which live here.
   in the epoch's order): ``EpochOrder`` yields (index, seed) pairs from a seeded permutation, sharded by
   rank, and ``SeededSamples`` applies the per-image augmentation under that seed, in whichever worker. A
   resumed epoch starts at the first batch the loop had not consumed (``DataPosition``, the datamodule's
-  state in the checkpoint); the device pipeline (vit.device_data) does the same per batch. The position is
+  state in the checkpoint), counted in images, so that any split of the same global batch resumes there
+  (``DataSplit``); the device pipeline (vit.device_data) does the same per batch. The position is
   what the training loop consumed, not what the loader produced: workers and Lightning's prefetching run
   ahead of training.
 - **The training process's own draws** (dropout, stochastic depth, token dropping, Mixup/CutMix, random
@@ -29,6 +30,7 @@ from lightning.pytorch.utilities import rank_zero_info
 import torch
 from torch.utils.data import Dataset, DistributedSampler
 
+from vit.exits import ConfigError
 from vit.seeding import epoch_seed
 
 
@@ -45,36 +47,123 @@ def consumed_batches(trainer) -> int:
 class DataPosition:
     """Which epoch a new train iterator is, and its first batch. Epochs are counted as iterators are made
     (Lightning makes the first one of a fit before it restores its own epoch counter); a checkpoint taken
-    mid-epoch makes the next iterator continue that epoch after its consumed batches. A loader that skips
-    batches (vit.data.SkipUnreadable) notes, for each one it skips, how many it had given the loop before
-    (``skipped``): the loader's position is the loop's consumed batches plus the ones skipped before them."""
+    mid-epoch makes the next iterator continue that epoch after the images the loop consumed, counted in
+    images of the epoch's order (all processes together), so that a run resumed with another split of the
+    same global batch (per-process batch × accumulation × processes) continues at the same image. A loader
+    that skips batches (vit.data.SkipUnreadable) notes, for each one it skips, how many it had given the loop
+    before (``skipped``): the loader's position is the loop's consumed batches plus the ones skipped before
+    them."""
 
     def __init__(self):
         self.epochs = 0  # iterators made
         self.epoch = 0  # the newest iterator's epoch
-        self.resume_at: tuple[int, ...] | None = None  # (epoch, loader batches[, skipped]) of a mid-epoch checkpoint
+        # (epoch, position, of it skipped, images per unit: 1, or None for a checkpoint that counted this run's
+        # loader batches) of a mid-epoch checkpoint
+        self.resume_at: tuple[int, int, int, int | None] | None = None
         self.yielded = 0  # batches the newest iterator has given the loop, counted as the loop counts its epoch
         self.skipped: list[int] = []  # of the newest iterator's skipped batches, ``yielded`` when each was skipped
 
-    def begin(self, batches: int) -> tuple[int, int]:
-        """(epoch, first batch) of a new iterator over ``batches`` batches."""
+    def begin(self, batches: int, batch_images: int) -> tuple[int, int]:
+        """(epoch, first batch) of a new iterator over ``batches`` batches of ``batch_images`` images each (all
+        processes together)."""
         resume, self.resume_at = self.resume_at, None
-        if resume is not None and 0 < resume[1] < batches:
-            self.epoch, start, skipped = (*resume, 0)[:3]  # (skipped: none unless said)
+        if resume is not None:
+            epoch, position, skipped, per = resume
+            unit = batch_images // (per or batch_images)  # (the position's unit, in images, per batch)
+            start, skipped = position // unit, skipped // unit
+        if resume is not None and 0 < start < batches:
+            self.epoch = epoch
         else:
             self.epoch, start, skipped = self.epochs, 0, 0
             self.epochs += 1
         self.yielded, self.skipped = start - skipped, [-1] * skipped  # (those skipped before the resumed batch)
         return self.epoch, start
 
-    def state_dict(self, trainer) -> dict:
+    def state_dict(self, trainer, batch_images: int, step_images: int) -> dict:
+        """The position in images; ``batch_images``: images per loader batch, all processes together;
+        ``step_images``: the global batch (images per optimizer step), which a resumed run must keep."""
         consumed = consumed_batches(trainer) if trainer is not None else 0
         skipped = sum(1 for yielded in self.skipped if yielded < consumed)
-        return {"train_epochs": self.epochs, "epoch": self.epoch, "batches": consumed + skipped, "skipped": skipped}
+        return {"train_epochs": self.epochs, "epoch": self.epoch, "images": (consumed + skipped) * batch_images,
+                "skipped_images": skipped * batch_images, "batch_images": batch_images, "step_images": step_images}
 
     def load_state_dict(self, state: dict) -> None:
         self.epochs = state.get("train_epochs", 0)
-        self.resume_at = (state["epoch"], state["batches"], state.get("skipped", 0)) if "batches" in state else None
+        if "images" in state:
+            self.resume_at = (state["epoch"], state["images"], state["skipped_images"], 1)
+        elif "batches" in state:  # (written before positions were kept in images: this run's loader batches)
+            self.resume_at = (state["epoch"], state["batches"], state.get("skipped", 0), None)
+        else:
+            self.resume_at = None
+
+
+def check_global_batch(ckpt: dict, datamodule, accumulate: int, name: str | None = None) -> None:
+    """A resume that keeps the checkpoint's global batch (images per optimizer step: --data.batch_size ×
+    --trainer.accumulate_grad_batches), split in any way; another one is refused in one line, before training
+    (it would change the steps of an epoch, the learning rate's scaling and the schedule mid-run)."""
+    state = ckpt.get(type(datamodule).__qualname__)
+    state = state if isinstance(state, dict) else {}
+    if "batches" in state:  # an earlier version's, in its own loader batches
+        check_accumulation(ckpt, accumulate, name)
+    theirs = state.get("step_images")
+    batch = getattr(datamodule, "batch_size", None)
+    if theirs is None or not isinstance(batch, int) or theirs == batch * accumulate:
+        return
+    raise ConfigError(f"{name or 'the checkpoint'}: written with a global batch of {theirs} images per optimizer "
+                      f"step, and this run's is {batch * accumulate} (--data.batch_size {batch} × "
+                      f"--trainer.accumulate_grad_batches {accumulate}): resume with --data.batch_size × "
+                      f"--trainer.accumulate_grad_batches = {theirs}, split as you like, or start a new run")
+
+
+def check_accumulation(ckpt: dict, accumulate: int, name: str | None) -> None:
+    """A checkpoint of an earlier version counted the data's position in its loader batches and did not record
+    its split: resumed with its global batch and its accumulation, those batches are this run's (however the
+    processes share them). Its accumulation is its batches per optimizer step (every epoch is whole steps);
+    another one is refused in one line."""
+    progress = ckpt.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress", {})
+    batches, steps = progress.get("total", {}).get("processed"), ckpt.get("global_step")
+    if not isinstance(batches, int) or not isinstance(steps, int) or steps <= 0 or batches % steps:
+        return
+    theirs = batches // steps
+    if theirs != accumulate:
+        raise ConfigError(f"{name or 'the checkpoint'}: written by an earlier version with "
+                          f"--trainer.accumulate_grad_batches {theirs}, and it counts its place in the data in "
+                          f"those batches: resume it with --trainer.accumulate_grad_batches {theirs} and the "
+                          f"--data.batch_size it was written with")
+
+
+def batch_images(trainer) -> int | None:
+    """Images per training loader batch, all processes together, of this run's data module (None: not one of
+    ours)."""
+    datamodule = trainer.datamodule
+    if datamodule is None or not hasattr(datamodule, "process_batch"):
+        return None
+    return datamodule.process_batch() * trainer.world_size
+
+
+class DataSplit(L.Callback):
+    """A checkpoint written with another split of the same global batch (another per-process batch,
+    accumulation or number of processes) counts its epoch's progress in its own loader batches: Lightning's
+    training loop's batch counters (the checkpoint's ``loops.fit_loop.epoch_loop.batch_progress``: vit.private_api)
+    and RNGStates' are turned into this run's before they are restored, so that the loop ends the epoch, steps the optimizer and checkpoints where the
+    uninterrupted run does. The data's own position is in images (``DataPosition``)."""
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint):
+        datamodule = trainer.datamodule
+        state = checkpoint.get(type(datamodule).__qualname__) if datamodule is not None else None
+        theirs, mine = (state or {}).get("batch_images"), batch_images(trainer)
+        if not theirs or not mine or theirs == mine:
+            return
+        progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
+        for counts in (progress["current"], progress["total"]) if progress else ():
+            shift = counts["processed"] * theirs // mine - counts["processed"]  # (keeps the counters' differences)
+            for key in counts:
+                counts[key] += shift
+        rng = checkpoint.get("callbacks", {}).get(RNGStates.__qualname__)
+        if isinstance(rng, dict) and "batches" in rng:
+            rng["batches"] = rng["batches"] * theirs // mine
+        rank_zero_info(f"resumed with {mine} images per loader batch (all processes together) from a checkpoint "
+                       f"of {theirs}: the same global batch, split otherwise; the data continues at the same image")
 
 
 class EpochOrder(DistributedSampler):
@@ -94,7 +183,7 @@ class EpochOrder(DistributedSampler):
         return len(self.dataset) // self.num_replicas // step * step
 
     def __iter__(self):
-        epoch, start = self.position.begin(len(self) // self.batch_size)
+        epoch, start = self.position.begin(len(self) // self.batch_size, self.batch_size * self.num_replicas)
         order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(epoch_seed(self.seed, epoch)))
         order = order.tolist()  # (plain ints: no tensor indexing per image)
         for i in range(start * self.batch_size, len(self)):

@@ -85,11 +85,14 @@ def saved_step(path: Path) -> tuple[int, float | None] | None:
 
 
 def checkpoints(run: Path) -> list[Path]:
-    """The run's checkpoints (last.ckpt at each epoch's end, step.ckpt mid-epoch, the best ones), the one
-    with the most optimizer steps first, as each file records it (a copy's modification times say nothing).
-    At equal steps step.ckpt and last.ckpt come before the best ones, and the later saved first. A file
-    whose step cannot be read comes first: each was written whole or not at all (vit.checkpoint_io), but a
-    file copied, restored or written by another tool may still be torn, and ``newest_readable`` names it."""
+    """The run's checkpoints (last.ckpt at each epoch's end, step.ckpt mid-epoch, the best ones), the newest
+    first: by the time each records it was saved (``saved_at``), which a copy (``cp -r``) keeps, so that a run
+    restarted from an earlier checkpoint in its folder goes on along its new branch, even while files of the
+    abandoned one hold more steps; by its modification time only a file that records no time (written by
+    another tool or an older version). At equal times step.ckpt and last.ckpt come before the best ones. A
+    file whose step cannot be read comes first: each was written whole or not at all (vit.checkpoint_io), but
+    a file copied, restored or written by another tool may still be torn, and ``newest_readable`` skips it
+    and names it."""
     folder = run / CHECKPOINTS
     found = [p for p in folder.glob("*.ckpt") if p.is_file()] if folder.is_dir() else []
     steps = {p: saved_step(p) for p in found}
@@ -98,13 +101,14 @@ def checkpoints(run: Path) -> list[Path]:
         if steps[path] is None:
             return (0, path.name)
         step, saved = steps[path]
-        return (1, -step, path.name not in (STEP, LAST), -(saved or 0.0), path.name != LAST, path.name)
+        return (1, -(saved if saved is not None else path.stat().st_mtime), path.name not in (STEP, LAST),
+                path.name != LAST, -step, path.name)
 
     return sorted(found, key=order)
 
 
 def last_checkpoint(run: Path) -> Path | None:
-    """The run's checkpoint with the most steps (``checkpoints``), read or not."""
+    """The run's newest checkpoint (``checkpoints``), read or not."""
     return next(iter(checkpoints(run)), None)
 
 
@@ -115,9 +119,30 @@ def saved_at(path: Path) -> float:
     return known[1] if known and known[1] is not None else path.stat().st_mtime
 
 
+def best_checkpoint(run: Path) -> Path | None:
+    """The run's best checkpoint, as its ModelCheckpoint that monitors a metric recorded it (``best_model_path``
+    in the callbacks' state of the newest checkpoint that reads), found in the run's own checkpoints folder (a
+    copied run's records name the folder it was written in); the newest checkpoint when no callback monitors
+    one; None when the run has none. RunError when the recorded file is gone."""
+    found = newest_readable(run)
+    if found is None:
+        return None
+    path, ckpt, _ = found
+    states = ckpt.get("callbacks") if isinstance(ckpt.get("callbacks"), dict) else {}
+    best = next((state["best_model_path"] for state in states.values() if isinstance(state, dict)
+                 and state.get("monitor") and state.get("best_model_path")), None)
+    if best is None:
+        return path
+    here = run / CHECKPOINTS / Path(best).name
+    if not here.is_file():
+        raise RunError(f"{run}: its best checkpoint, {Path(best).name} (by {path.name}'s record), is not in "
+                       f"{run / CHECKPOINTS}")
+    return here
+
+
 def newest_readable(run: Path) -> tuple[Path, dict, str] | None:
     """(path, checkpoint, a line naming each file before it skipped and why, or "") of the first checkpoint
-    of ``checkpoints`` (the most steps) that reads; None when the run has none; RunError when it has some
+    of ``checkpoints`` (the newest) that reads; None when the run has none; RunError when it has some
     and none reads."""
     skipped = []
     for path in checkpoints(run):
@@ -165,8 +190,8 @@ def resolve(root: Path, ckpt_path: str | None, name: str | None) -> tuple[Path, 
     """(run folder, checkpoint to resume or None, that checkpoint read when ``ckpt_path`` is "last", one line
     to print or None) for a ``fit``.
 
-    ``ckpt_path``: None (a new run), "last" (the readable checkpoint with the most steps of the newest run of
-    ``root``, or of the run ``name``), or a file (its own run folder when it sits in one). ``name``: a run folder
+    ``ckpt_path``: None (a new run), "last" (the newest readable checkpoint of the newest run of ``root``, or
+    of the run ``name``), or a file (its own run folder when it sits in one). ``name``: a run folder
     under ``root`` chosen by the user.
     """
     shared = os.environ.get(ENV)

@@ -1,12 +1,16 @@
 """The global batch on 2 real processes (Lightning's DDP, gloo, CPU): an odd share under Mixup/CutMix is refused
 before any process starts; the out-of-memory line's flags for 2 processes and accumulation train; an image-folder
-batch one process cannot read is skipped by both, which stay in step."""
+batch one process cannot read is skipped by both, which stay in step; a one-process run resumes on 2 processes
+sharing its global batch."""
 
+import os
 import re
 import sys
 
-from launch import ROOT, run_together, user_env
-from helpers import load, write_images
+import pytest
+
+from launch import ROOT, max_abs_diff, run_together, user_env
+from helpers import SLURM_TASK, load, write_images
 
 TRAIN = [sys.executable, str(ROOT / "scripts" / "train.py")]
 TWO = ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu", "--trainer.logger",
@@ -55,3 +59,57 @@ def test_a_batch_one_process_cannot_read_is_skipped_by_both(tmp_path):
     run = tmp_path / "runs/smoke/version_0"
     assert (run / "steps.0").read_text().split() == (run / "steps.1").read_text().split() == ["1", "2", "3"]
     assert "Traceback" not in out
+
+
+# 1 process at 64 → 2 processes at 32 each (the same global batch): a tiny ViT, 2 epochs of 6 optimizer steps
+SPLIT = [*TRAIN, "--config", "smoke", "--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2",
+         "--data.val_size", "100", "--data.num_workers", "0", "--data.batch_size", "64", "--trainer.max_epochs", "2",
+         "--trainer.accelerator", "cpu", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+         "--trainer.enable_model_summary", "false", "--test_after_fit", "false", "--trainer.log_every_n_steps", "1",
+         "--step_checkpoint_minutes", "0.0001"]
+STOPS = {"epoch-end": (["--trainer.callbacks+=callbacks.StopAfterEpoch", "--trainer.callbacks.epoch", "0"], 0, 6),
+         "sigkill": (["--trainer.callbacks+=callbacks.SignalAtBatch", "--trainer.callbacks.batch", "9"], -9, 8),
+         "sigusr1": (["--trainer.callbacks+=callbacks.SignalAtBatch", "--trainer.callbacks.batch", "9",
+                      "--trainer.callbacks.signal", "SIGUSR1"], 4, 9)}
+
+
+def this_tree(**extra: str) -> dict:
+    """A user's environment running this tree's vit (whatever the environment has installed)."""
+    env = user_env(**extra)
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(ROOT)])
+    return env
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory, fake_cifar_session) -> dict:
+    """The uninterrupted run on one process: its last checkpoint."""
+    cwd = tmp_path_factory.mktemp("whole")
+    (code,), out = run_together([[*SPLIT, "--data.root", str(fake_cifar_session)]], cwd, this_tree(), timeout=300)
+    assert code == 0, out[-3000:]
+    return load(cwd / "runs/smoke/version_0/checkpoints/last.ckpt")
+
+
+@pytest.mark.parametrize("stop", list(STOPS))
+def test_one_process_at_64_resumes_on_2_processes_at_32_each(stop, tmp_path, fake_cifar_session, whole):
+    """Stopped at epoch 0's end, killed (kill -9) or preempted (SIGUSR1, as a one-task SLURM job) inside step 9
+    on one process, the run resumes on Lightning's DDP × 2 (gloo) and ends with the weights of the uninterrupted
+    one-process run."""
+    data = ["--data.root", str(fake_cifar_session)]
+    args, status, step = STOPS[stop]
+    name = "slurm-77" if stop == "sigusr1" else "part"
+    env = this_tree(**SLURM_TASK) if stop == "sigusr1" else this_tree()
+    (code,), out = run_together([[*SPLIT, *data, *args, *([] if stop == "sigusr1" else ["--run", name])]], tmp_path,
+                                env, timeout=300)
+    assert code == status, out[-3000:]
+    run = tmp_path / "runs/smoke" / name / "checkpoints"
+    saved = load(run / ("last.ckpt" if stop == "epoch-end" else "step.ckpt"))
+    assert saved["global_step"] == step
+    (code,), out = run_together([[*SPLIT, *data, "--run", name, "--ckpt_path", "last", "--trainer.devices", "2",
+                                  "--trainer.strategy", "ddp"]], tmp_path, this_tree(), timeout=300)
+    assert code == 0, out[-6000:]
+    assert "global batch 64 = 2 processes × 32" in out
+    assert load(run / "last.ckpt")["CIFAR10DataModule"]["images"] == 6 * 64  # (this tree's vit wrote it)
+    resumed = load(run / "last.ckpt")
+    delta = max_abs_diff(whole["state_dict"], resumed["state_dict"])
+    print(f"{stop}, 1 process at 64 -> 2 processes at 32: {resumed['global_step']} steps, max |dw| {delta:.2e}")
+    assert resumed["global_step"] == whole["global_step"] == 12 and delta <= 1e-4

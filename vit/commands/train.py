@@ -35,6 +35,7 @@ from vit.data import split_batch
 from vit.exits import ConfigError, Stopped
 from vit.loggers import quiet_lightning
 from vit.module import ViTClassifier
+from vit.resume import check_global_batch
 
 MODES = ("fit", "test")
 
@@ -146,7 +147,8 @@ def refuse_old_options(options: dict, where: str = "") -> None:
 def add_run_options(parser) -> None:
     """vit-train's own options beside the Trainer's, the model's and the data's."""
     parser.add_argument("--ckpt_path", type=Optional[str], default=None,
-                        help="fit: resume from this checkpoint, or 'last': the newest run's last.ckpt; "
+                        help="fit: resume from this checkpoint, or 'last': the newest checkpoint that reads (by the "
+                             "time each records it was saved) of the newest run under the root, or of --run; "
                              "test: the checkpoint to evaluate")
     parser.add_argument("--run", type=Optional[str], default=None,
                         help="name the run folder under the root (default: the next version_N); "
@@ -270,6 +272,8 @@ class ViTCLI(LightningCLI):
     def fit(self) -> None:
         ckpt = str(self.resume[0]) if self.resume else None
         self.check_batch()
+        if self.resume:
+            check_global_batch(self.resume[1], self.datamodule, self.trainer.accumulate_grad_batches, ckpt)
         if self.trainer.world_size > 1:
             launch.join_torchrun_group(self.trainer.strategy.root_device.type,
                                        self.config.ddp_timeout + Watchdog.BACKSTOP)
