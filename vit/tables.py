@@ -147,6 +147,15 @@ def _bench_rows(r: dict) -> list[list[str]]:
         c = r["classify"]
         rows.append([f"classify {c['images']:,} photos, {c['workers']} decoding workers vs the main process (img/s)",
                      n(c["img_s_workers"]), n(c["img_s_one_process"]), f"**{c['ratio']:.2f}**", "≥ 1.6"])
+    if "folders" in r:
+        f = r["folders"]
+        what = f"image folder of {f['images']:,} JPEGs of {f['side']} px, {f['processes']} processes"
+        rows.append([f"{what}: a requeue's start to its first optimizer step against a first start's (s)",
+                     f"{f['s_requeue']:.1f}", f"first start {f['s_first_start']:.1f}", f"**{f['ratio']:.2f}**",
+                     "≤ 0.1"])
+        rows.append([f"{what}: the folder's index read (one stat per file) against built (every image checked, "
+                     f"2 threads) (s)", f"{f['s_walk']:.2f}", f"built {f['s_walk_and_check']:.1f}",
+                     f"{f['ratio_walk']:.3f}", "—"])
     if "startup" in r:
         s = r["startup"]
         rows.append(["classify one image from the shell (s)", f"{s['s_classify']:.2f}",
