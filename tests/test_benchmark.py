@@ -197,5 +197,6 @@ def test_the_folders_section_times_a_first_start_and_a_requeue(tmp_path):
     assert f["images"] == 2000 and f["processes"] == 2
     assert f["s_first_start"] > 0 and f["s_requeue"] > 0 and f["ratio"] == f["s_requeue"] / f["s_first_start"]
     assert 0 < f["s_walk"] < f["s_walk_and_check"]
+    assert 0 < f["s_first_start_data"] < f["s_first_start"] and 0 < f["s_requeue_data"] < f["s_requeue"]
     rows = _bench_rows({"folders": f})
     assert [row[4] for row in rows] == ["≤ 0.1", "—"] and rows[0][1] == f"{f['s_requeue']:.1f}"

@@ -22,10 +22,15 @@ SIDE = 32  # pixels: small JPEGs, so that the folder's size, not its bytes, is w
 
 
 class FirstStep(L.Callback):
-    """Writes the wall-clock time of the first optimizer step's end (process 0) to the file ``path``."""
+    """Writes to the file ``path`` the wall-clock times (process 0) at which the data was set up (the
+    folder's index read or built) and the first optimizer step ended."""
 
     def __init__(self, path: str):
         self.path = path
+
+    def setup(self, trainer, pl_module, stage):  # (right after the data module's setup)
+        if trainer.is_global_zero:
+            Path(self.path).with_suffix(".data").write_text(f"{time.time()!r}\n")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.is_global_zero and trainer.global_step >= 1 and not os.path.exists(self.path):
@@ -48,8 +53,9 @@ def write_folder(root: Path, images: int) -> None:
         Image.fromarray(pixels).save(root / "train" / f"c{c}" / f"{i:07d}.jpg", quality=85)
 
 
-def start(root: Path, runs: Path, index: Path, marker: Path) -> tuple[float, str]:
-    """Seconds from launching vit-train (2 processes) to its first optimizer step, and its output."""
+def start(root: Path, runs: Path, index: Path, marker: Path) -> tuple[float, float, str]:
+    """Seconds from launching vit-train (2 processes) to its first optimizer step, and to its data's setup
+    end, and its output."""
     from vit.plans import REPO
     from vit.plans.run_here import program
 
@@ -72,7 +78,8 @@ def start(root: Path, runs: Path, index: Path, marker: Path) -> tuple[float, str
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
         raise BenchmarkError(f"section folders: vit-train ended with exit {proc.returncode} before its first "
                              f"step: {tail}")
-    return float(marker.read_text()) - begin, proc.stdout + proc.stderr
+    return (float(marker.read_text()) - begin, float(marker.with_suffix(".data").read_text()) - begin,
+            proc.stdout + proc.stderr)
 
 
 def bench_folders(images: int) -> dict:
@@ -94,23 +101,25 @@ def bench_folders(images: int) -> dict:
         index(tmp / "photos", [f"c{c}" for c in range(CLASSES)], None, 2, lambda line: None)
         checked = time.perf_counter() - began
         kept, marker = tmp / "folder_index.json", tmp / "first_step"
-        first, said = start(tmp / "photos", tmp / "runs", kept, marker)
+        first, first_data, said = start(tmp / "photos", tmp / "runs", kept, marker)
         if not json.loads(kept.read_text())["images"] == images or "checking" not in said:
             from vit.benchmark.runner import BenchmarkError
 
             raise BenchmarkError("section folders: the first start wrote no index of every image")
-        requeue, said = start(tmp / "photos", tmp / "runs", kept, marker)
+        requeue, requeue_data, said = start(tmp / "photos", tmp / "runs", kept, marker)
         if f"checking {images:,} images" in said:
             from vit.benchmark.runner import BenchmarkError
 
             raise BenchmarkError("section folders: the second start checked the images again")
     return {"images": images, "side": SIDE, "processes": 2, "s_generate": generated, "s_walk": walked,
             "s_walk_and_check": checked, "ratio_walk": walked / checked,
-            "s_first_start": first, "s_requeue": requeue, "ratio": requeue / first}
+            "s_first_start": first, "s_requeue": requeue, "ratio": requeue / first,
+            "s_first_start_data": first_data, "s_requeue_data": requeue_data}
 
 
 def section(report: dict, args, device: torch.device, dtype: torch.dtype) -> None:
     report["folders"] = bench_folders(2000 if args.quick else args.folder_images)
     print(f"# image folder of {report['folders']['images']:,} JPEGs, 2 processes: seconds from the command to the "
           f"first optimizer step")
-    print(format_table([report["folders"]], ["images", "s_walk", "s_walk_and_check", "s_first_start", "s_requeue", "ratio"]))
+    print(format_table([report["folders"]], ["images", "s_walk", "s_walk_and_check", "s_first_start_data", "s_first_start", "s_requeue_data",
+                                         "s_requeue", "ratio"]))
