@@ -251,3 +251,18 @@ class BreakBatch(L.Callback):
         for index in picked:
             with open(subset.dataset.samples[subset.indices[index]][0], "w") as f:
                 f.write("no longer an image")
+
+
+class RecordData(L.Callback):
+    """The image folders as this process took them at its start: ``<run>/data.<rank>``, a JSON list of the
+    training images (in the order of the training set) and the files skipped as unreadable."""
+
+    def on_fit_start(self, trainer, pl_module):
+        import json
+        from pathlib import Path
+
+        dm = trainer.datamodule
+        train = dm.train_set
+        paths = [train.dataset.samples[i][0] for i in train.indices]
+        (Path(trainer.default_root_dir) / f"data.{trainer.global_rank}").write_text(
+            json.dumps([paths, sorted(dm.bad_files)]))

@@ -181,3 +181,22 @@ def test_the_time_bound_and_the_report_work_apart(tmp_path):
     header, rule, line = format_table(report["step"], ["preset", "img_s", "peak_fraction"]).splitlines()
     assert header.split() == ["preset", "img_s", "peak_fraction"] and set(rule) <= {"-", " "}
     assert line.split() == ["vit_tiny", "1234", "0.0123"]
+
+
+@pytest.mark.long
+def test_the_folders_section_times_a_first_start_and_a_requeue(tmp_path):
+    """2,000 generated JPEGs (--quick), two starts on 2 processes: the first checks every image and writes the
+    folder's index, the second reads it (the section refuses a second start that checked again)."""
+    from vit.tables import _bench_rows
+
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "scripts/benchmark.py", "--quick", "--device", "cpu", "--sections",
+                           "folders", "--output", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    f = json.loads(out.read_text())["folders"]
+    assert f["images"] == 2000 and f["processes"] == 2
+    assert f["s_first_start"] > 0 and f["s_requeue"] > 0 and f["ratio"] == f["s_requeue"] / f["s_first_start"]
+    assert 0 < f["s_walk"] < f["s_walk_and_check"]
+    assert 0 < f["s_first_start_data"] < f["s_first_start"] and 0 < f["s_requeue_data"] < f["s_requeue"]
+    rows = _bench_rows({"folders": f})
+    assert [row[4] for row in rows] == ["≤ 0.1", "—"] and rows[0][1] == f"{f['s_requeue']:.1f}"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -28,10 +27,10 @@ from torch.utils.data import default_collate
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
-from vit import cifar
+from vit import cifar, folder_index
 from vit.cifar import DatasetError
 from vit.exits import ConfigError
-from vit.images import IMAGE_SUFFIXES, ImageError, check_image, load_image
+from vit.images import ImageError, load_image
 from vit.preprocessing import resize
 from vit.resume import DataPosition, EpochOrder, SeededSamples
 
@@ -392,16 +391,19 @@ class SkipUnreadable:
 
 class ClassFolder(ImageFolder):
     """torchvision's ImageFolder over ``root/<class>/...`` with a given class list (so train/, val/ and
-    test/ index classes alike), our loader (EXIF-aware, any mode) and our image suffixes. An image that
-    fails to load after passing the setup check is skipped with one warning, never a worker traceback."""
+    test/ index classes alike) and the samples the folder's index lists (vit.folder_index: no walk of its
+    own), our loader (EXIF-aware, any mode). An image that fails to load after passing the setup check is
+    skipped with one warning, never a worker traceback."""
 
-    def __init__(self, root: Path, classes: list[str], transform):
-        self.fixed_classes = classes
-        super().__init__(str(root), transform=transform, loader=load_image, allow_empty=True,
-                         is_valid_file=lambda p: Path(p).suffix.lower() in IMAGE_SUFFIXES)
+    def __init__(self, root: Path, classes: list[str], transform, samples: list[tuple[str, int]]):
+        self.fixed_classes, self.listed = classes, samples
+        super().__init__(str(root), transform=transform, loader=load_image, allow_empty=True)
 
     def find_classes(self, directory):
         return self.fixed_classes, {c: i for i, c in enumerate(self.fixed_classes)}
+
+    def make_dataset(self, directory, class_to_idx, extensions=None, is_valid_file=None, allow_empty=False):
+        return list(self.listed)
 
     def drop(self, paths: set[str]) -> None:
         self.samples = self.imgs = [s for s in self.samples if s[0] not in paths]
@@ -421,17 +423,24 @@ class ImageFolderDataModule(ImageDataModule):
     """Your own images, one folder per class: ``root/train/<class>/*``, optionally ``root/val/`` and
     ``root/test/`` with the same class folders. Without ``val/``, ``val_size`` of ``train/`` is split
     off, stratified; without ``test/``, the validation images are used for the test. Every file is
-    checked at setup; unreadable ones are skipped (listed in the run folder's bad_files.txt) or stop
-    the run before training. Images of any size and mode are resized to image_size × image_size."""
+    checked once per state of the folder, by one process, and the result kept in the folder's index
+    (vit.folder_index), which later starts and the other processes reuse; unreadable ones are skipped
+    (listed in the run folder's bad_files.txt) or stop the run before training. Images of any size and
+    mode are resized to image_size × image_size."""
 
-    def __init__(self, root: str, on_bad_file: Literal["skip", "error"] = "skip", **kwargs):
+    def __init__(self, root: str, on_bad_file: Literal["skip", "error"] = "skip", index: str | None = None,
+                 **kwargs):
         """
         Args:
             root: the folder that holds train/<class>/ (and optionally val/, test/).
             on_bad_file: "skip" unreadable images with one summary line, or "error": stop before training.
+            index: the file that keeps the folder's index (its images, and which cannot be read), checked
+                once per state of the folder (default: folder_index.json in the run folder; name one file
+                to share it among runs of the same folder).
         """
         super().__init__(root=root, **kwargs)
         self.on_bad_file = on_bad_file
+        self.index = Path(index) if index is not None else None
         train = self.root / "train"
         if not train.is_dir():
             raise DatasetError(f"{train} is not a folder: expected {self.root}/train/<class>/<images>")
@@ -440,27 +449,31 @@ class ImageFolderDataModule(ImageDataModule):
             raise DatasetError(f"{train} has no class folders: expected {train}/<class>/<images>")
         self.bad_files: dict[str, str] = {}
 
-    def _folder(self, split: str, transform) -> ClassFolder | None:
-        folder = self.root / split
-        if not folder.is_dir():
-            return None
-        extra = sorted(d.name for d in folder.iterdir() if d.is_dir() and d.name not in self.classes)
-        if extra:
-            raise DatasetError(f"{folder} has class folders that train/ lacks: {', '.join(extra)}")
-        return ClassFolder(folder, self.classes, transform)
+    def index_path(self) -> Path | None:
+        """Where the folder's index is kept: ``index``, else the run folder's (none without a Trainer)."""
+        run_dir = self.run_dir()
+        return self.index or (run_dir / folder_index.NAME if run_dir is not None else None)
 
-    def _check(self, datasets: list[ClassFolder]) -> None:
-        """Check every file cheaply (vit.images.check_image), in threads; skip or stop on bad ones."""
-        paths = [path for ds in datasets for path, _ in ds.samples]
-        with ThreadPoolExecutor(max(1, self.num_workers)) as pool:
-            reasons = list(pool.map(check_image, paths))
-        self.bad_files = {p: r for p, r in zip(paths, reasons) if r is not None}
+    def _read_index(self) -> folder_index.FolderIndex:
+        """The folder's index, from process 0 (which reads or builds it) to every process."""
+        for split in ("val", "test"):
+            folder = self.root / split
+            extra = sorted(d.name for d in folder.iterdir() if d.is_dir() and d.name not in self.classes) \
+                if folder.is_dir() else []
+            if extra:
+                raise DatasetError(f"{folder} has class folders that train/ lacks: {', '.join(extra)}")
+        return folder_index.from_process_zero(partial(folder_index.index, self.root, self.classes, self.index_path(),
+                                                      self.num_workers, rank_zero_info))
+
+    def _skip_bad(self, index: folder_index.FolderIndex, datasets: list[ClassFolder]) -> None:
+        """Skip the unreadable images (listed in the run folder's bad_files.txt), or stop; alike on every process."""
+        self.bad_files = index.bad
         if not self.bad_files:
             return
         first = "; ".join(f"{Path(p).relative_to(self.root)} ({r})" for p, r in list(self.bad_files.items())[:3])
         more = f" and {len(self.bad_files) - 3} more" if len(self.bad_files) > 3 else ""
         if self.on_bad_file == "error":
-            raise DatasetError(f"{len(self.bad_files)} of {len(paths)} images in {self.root} cannot be read: "
+            raise DatasetError(f"{len(self.bad_files)} of {index.images} images in {self.root} cannot be read: "
                                f"{first}{more}. Remove them, or pass --data.on_bad_file skip")
         listing = ""
         run_dir = self.run_dir()
@@ -468,7 +481,7 @@ class ImageFolderDataModule(ImageDataModule):
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "bad_files.txt").write_text("".join(f"{p}\t{r}\n" for p, r in self.bad_files.items()))
             listing = f" (all listed in {run_dir / 'bad_files.txt'})"
-        rank_zero_info(f"skipping {len(self.bad_files)} of {len(paths)} images that cannot be read{listing}: "
+        rank_zero_info(f"skipping {len(self.bad_files)} of {index.images} images that cannot be read{listing}: "
                        f"{first}{more}")
         for ds in datasets:
             ds.drop(set(self.bad_files))
@@ -478,9 +491,12 @@ class ImageFolderDataModule(ImageDataModule):
             self._scan()
 
     def _scan(self) -> None:
-        train = self._folder("train", self.train_transform())
-        val, test = self._folder("val", self.eval_transform()), self._folder("test", self.eval_transform())
-        self._check([ds for ds in (train, val, test) if ds is not None])
+        index = self._read_index()
+        transforms = {"train": self.train_transform(), "val": self.eval_transform(), "test": self.eval_transform()}
+        folders = {split: ClassFolder(self.root / split, self.classes, transforms[split], samples)
+                   for split, samples in index.samples.items()}
+        train, val, test = folders["train"], folders.get("val"), folders.get("test")
+        self._skip_bad(index, list(folders.values()))
         if not train.samples:
             raise DatasetError(f"{self.root / 'train'} holds no readable images in the class folders {self.classes}")
         if val is None:

@@ -3,6 +3,7 @@ before any process starts; the out-of-memory line's flags for 2 processes and ac
 batch one process cannot read is skipped by both, which stay in step; a one-process run resumes on 2 processes
 sharing its global batch."""
 
+import json
 import os
 import re
 import sys
@@ -10,7 +11,7 @@ import sys
 import pytest
 
 from launch import ROOT, max_abs_diff, run_together, user_env
-from helpers import SLURM_TASK, load, write_images
+from helpers import SLURM_TASK, load, write_bad_files, write_images
 
 TRAIN = [sys.executable, str(ROOT / "scripts" / "train.py")]
 TWO = ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu", "--trainer.logger",
@@ -113,3 +114,31 @@ def test_one_process_at_64_resumes_on_2_processes_at_32_each(stop, tmp_path, fak
     delta = max_abs_diff(whole["state_dict"], resumed["state_dict"])
     print(f"{stop}, 1 process at 64 -> 2 processes at 32: {resumed['global_step']} steps, max |dw| {delta:.2e}")
     assert resumed["global_step"] == whole["global_step"] == 12 and delta <= 1e-4
+
+
+def test_process_0_checks_the_folder_once_and_both_processes_take_its_index(tmp_path):
+    """A first start on 2 processes: process 0 alone checks the images (one line), writes the folder's index,
+    and both take the same training images and unreadable files. A second start reads the index (no check)
+    and takes the same; with --data.on_bad_file error both processes stop with the one message."""
+    root = tmp_path / "photos"
+    for i, colour in enumerate([(200, 20, 20), (20, 200, 20)]):
+        write_images(root / "train" / f"c{i}", 20, colour, size=24, seed=i)
+    write_bad_files(root / "train" / "c1")
+    index = tmp_path / "folder_index.json"
+    command = [*TRAIN, "--config", "smoke", "--data", "vit.data.ImageFolderDataModule", "--data.root", str(root),
+               "--data.index", str(index), "--data.batch_size", "16", "--data.val_size", "8",
+               "--data.num_workers", "0", "--trainer.max_steps", "1", "--test_after_fit", "false", *TWO,
+               "--trainer.callbacks+=callbacks.RecordData"]
+    taken = []
+    for start in range(2):
+        (code,), out = run_together([command], tmp_path, user_env(), timeout=300)
+        assert code == 0, out[-3000:]
+        assert out.count("checking 43 images") == (1 - start), out[-3000:]
+        run = tmp_path / f"runs/smoke/version_{start}"
+        assert (run / "data.0").read_text() == (run / "data.1").read_text()
+        taken.append(json.loads((run / "data.0").read_text()))
+        assert len(taken[-1][0]) == 40 - 8 and len(taken[-1][1]) == 3
+    assert taken[0] == taken[1] and json.loads(index.read_text())["images"] == 43
+    (code,), out = run_together([[*command, "--data.on_bad_file", "error"]], tmp_path, user_env(), timeout=300)
+    assert code == 2, out[-3000:]
+    assert "3 of 43 images" in out and "Traceback" not in out

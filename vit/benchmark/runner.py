@@ -9,13 +9,14 @@ from pathlib import Path
 
 import torch
 
-from vit.benchmark import checkpoint, classify, data, fast_paths, model, peak, startup, step
+from vit.benchmark import checkpoint, classify, data, fast_paths, folders, model, peak, startup, step
 from vit.benchmark.report import write_report
 from vit.benchmark.time_bound import TimeBound, time_bound
 from vit.exits import ConfigError, Stopped
 
 MODULES = {"model": model, "data": data, "peak": peak, "step": step, "fast-paths": fast_paths, "classify": classify,
-           "checkpoint": checkpoint, "startup": startup}
+           "checkpoint": checkpoint, "startup": startup,
+           "folders": folders}
 SECTIONS = tuple(MODULES)
 
 

@@ -21,10 +21,13 @@ parser.add_argument("--sections", default="model,data,step,checkpoint,classify,s
                     help="comma-separated: model (ours vs timm), data (data path), step (whole training step, beside the matmul peak), peak (the matmul peak alone), "
                          "checkpoint (the step checkpoint's cost), classify (throughput with decoding workers), "
                          "startup (classify start-up time), fast-paths (the cpu recipe's model in fp32, bf16 "
-                         "autocast, compiled, and Muon's Newton–Schulz in float32 and bfloat16; not a default)")
+                         "autocast, compiled, and Muon's Newton–Schulz in float32 and bfloat16; not a default), "
+                         "folders (an image-folder run's start on 2 processes, first and requeued, to its first "
+                         "optimizer step; not a default)")
 parser.add_argument("--workers", type=int, default=2, help="DataLoader workers for the data-path and classify comparisons")
 parser.add_argument("--classify-images", type=int, default=2000, help="generated images for the classify section")
 parser.add_argument("--data-images", type=int, default=20000)
+parser.add_argument("--folder-images", type=int, default=100_000, help="generated JPEGs for the folders section")
 parser.add_argument("--data-batch-size", type=int, default=256)
 parser.add_argument("--step-batch-size", type=int, default=64)
 parser.add_argument("--compile", action="store_true", help="torch.compile the models (ours and timm's) and the whole step")
