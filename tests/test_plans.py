@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from vit import plans, tables
+from vit.commands.train import ArgumentCheck
 from vit.commands.plan import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -300,12 +301,12 @@ def test_a_run_that_stops_where_it_resumes_ends_the_plan_with_exit_4_unless_minu
         started.append([job.name for job in jobs])
         return [plans.STOPPED] * len(jobs)
 
-    runner = plans.Runner(fake_cifar, tmp_path / "runs")
+    runner = plans.Runner(fake_cifar, tmp_path / "runs", check_command=ArgumentCheck())
     runner.train_at_once = stopped
     with pytest.raises(plans.PlanStopped, match="base-s0: vit-train stopped where it resumes"):
         runner.run_plan(plan)
     assert started == [["base-s0", "base-s1"]]
-    bounded = plans.Runner(fake_cifar, tmp_path / "runs", minutes=5, max_commands=3)
+    bounded = plans.Runner(fake_cifar, tmp_path / "runs", minutes=5, max_commands=3, check_command=ArgumentCheck())
     bounded.train_at_once = stopped
     assert bounded.run_plan(plan) is False and started[1:] == [["base-s0", "base-s1"]] * 3
 
@@ -361,7 +362,7 @@ def test_a_commits_checkout_is_made_whole_under_runs_checkouts_linked_to_its_rec
     write(repo / "configs" / "cpu.yaml", "new: 1\n")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "-am", "new", cwd=repo)
     monkeypatch.setattr(plans.inputs, "REPO", repo)
-    runner = plans.Runner(tmp_path / "data", tmp_path / "runs")
+    runner = plans.Runner(tmp_path / "data", tmp_path / "runs", check_command=ArgumentCheck())
     stale = tmp_path / "runs" / ".checkouts" / f"{old[:7]}.part-{os.getpid()}"  # a clone cut short before
     (stale / "vit").mkdir(parents=True)
     tree = runner.tree(plans.Run("t", "a", "a", (), commit=old))
@@ -423,7 +424,7 @@ def test_runs_at_once_are_refused_beyond_this_processes_cores_or_with_gpus_and_e
     monkeypatch.setattr(plans.subprocess, "Popen", Started)
     three = write(tmp_path / "three.yaml", "args: [--config, smoke]\nseeds: [0, 1, 2]\nresources: {at_once: 2}\n"
                                            "runs: [{name: a}]\n")
-    assert plans.Runner(fake_cifar, tmp_path / "runs").run_plan(plans.load(three))
+    assert plans.Runner(fake_cifar, tmp_path / "runs", check_command=ArgumentCheck()).run_plan(plans.load(three))
     assert started == [("1", True)] * 3  # the last group's run alone too: one core, one thread
 
 
@@ -442,7 +443,7 @@ def test_missing_cifar_is_fetched_once_before_any_run_and_a_failed_fetch_is_one_
     assert not (tmp_path / "runs" / "one").exists()
     fetched = []
     monkeypatch.setattr(cifar, "download", lambda root, *args: fetched.append(cifar.write_fake(root)))
-    runner = plans.Runner(tmp_path / "data", tmp_path / "runs")
+    runner = plans.Runner(tmp_path / "data", tmp_path / "runs", check_command=ArgumentCheck())
     runner.train_at_once = lambda jobs, k=0: [plans.STOPPED] * len(jobs)
     with pytest.raises(plans.PlanStopped):
         runner.run_plan(plans.load(plan))
@@ -499,7 +500,7 @@ runs:
     assert main(["show", str(plan_path), "--runs", str(runs), "--data-root", str(root)]) == 0
     shown = [line.split(None, 1) for line in capsys.readouterr().out.splitlines() if line.startswith("      ")]
     plan = plans.load(plan_path)
-    runner = plans.Runner(root, runs)
+    runner = plans.Runner(root, runs, check_command=ArgumentCheck())
     (root / "fashion-mnist-folders").mkdir(parents=True)  # (there: the command is made without fetching it)
     assert [program for program, _ in shown] == ["vit-train"] * len(plan.runs) == ["vit-train"] * (2)
     folder = root / "fashion-mnist-folders" if data == "fashion-mnist" else root
@@ -557,7 +558,7 @@ def test_a_record_belongs_to_its_command_an_edited_plan_moves_the_old_aside_and_
     b = plans.load(plan).runs[1]
     (run.parent / "b").mkdir()
     (run.parent / "b" / "results.json").write_text(json.dumps({**first, "configuration": plans.Runner(
-        fake_cifar, tmp_path / "runs").configuration(b)}))
+        fake_cifar, tmp_path / "runs", check_command=ArgumentCheck()).configuration(b)}))
     capsys.readouterr()
     assert main(["run", str(plan), *where]) == 0
     assert "[plan] 2 of 2 runs have their records: nothing to run" in capsys.readouterr().out
@@ -591,7 +592,7 @@ def test_submit_moves_a_record_of_another_command_aside_and_the_table_leaves_it_
                                              "runs: [{name: a}, {name: b, args: [--model.arch.depth, '2']}, {name: c}]\n")
     plan = plans.load(plan_path)
     runs = tmp_path / "runs"
-    runner = plans.Runner(fake_cifar, runs)
+    runner = plans.Runner(fake_cifar, runs, check_command=ArgumentCheck())
     a, b, c = plan.runs
     wrong = {**runner.configuration(b), "model.arch.depth": 1}
     for job, record in ((a, {"configuration": runner.configuration(a)}), (b, {"configuration": wrong}), (c, {})):
@@ -619,7 +620,7 @@ def test_with_a_results_folder_a_copy_of_another_command_moves_aside_and_a_commi
     """make figures' layout (records copied to RESULTS/TABLE/NAME.json): a copy of another configuration moves
     aside with its run folder; a record without a configuration (the committed history) counts as its run's."""
     plan = plans.load(write(tmp_path / "t.yaml", "args: [--config, smoke]\nruns: [{name: a}, {name: b}]\n"))
-    runner = plans.Runner(tmp_path / "data", tmp_path / "runs", tmp_path / "results")
+    runner = plans.Runner(tmp_path / "data", tmp_path / "runs", tmp_path / "results", check_command=ArgumentCheck())
     a, b = plan.runs
     (tmp_path / "results" / "t").mkdir(parents=True)
     write(tmp_path / "results" / "t" / "a.json", json.dumps({"row": "a", "configuration": {

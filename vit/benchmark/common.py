@@ -1,11 +1,16 @@
-"""What the sections share: the device's clock, how many steps and rounds a section measures, and an
+"""What the sections share: their error (BenchmarkError), the device's clock, how many steps and rounds a section measures, and an
 untrained checkpoint as vit-train writes it."""
 
 from __future__ import annotations
 
 import torch
 
+from vit.exits import ConfigError
 from vit.model import ViTConfig, VisionTransformer
+
+
+class BenchmarkError(ConfigError):
+    """A benchmark that cannot run as asked; the message says why (exit 2)."""
 
 
 def sync(device: torch.device) -> None:

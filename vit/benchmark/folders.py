@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -73,7 +72,7 @@ def start(root: Path, runs: Path, index: Path, marker: Path) -> tuple[float, flo
     begin = time.time()
     proc = subprocess.run(command, env=env, capture_output=True, text=True)
     if proc.returncode != 0 or not marker.is_file():
-        from vit.benchmark.runner import BenchmarkError
+        from vit.benchmark.common import BenchmarkError
 
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
         raise BenchmarkError(f"section folders: vit-train ended with exit {proc.returncode} before its first "
@@ -103,12 +102,12 @@ def bench_folders(images: int) -> dict:
         kept, marker = tmp / "folder_index.json", tmp / "first_step"
         first, first_data, said = start(tmp / "photos", tmp / "runs", kept, marker)
         if not json.loads(kept.read_text())["images"] == images or "checking" not in said:
-            from vit.benchmark.runner import BenchmarkError
+            from vit.benchmark.common import BenchmarkError
 
             raise BenchmarkError("section folders: the first start wrote no index of every image")
         requeue, requeue_data, said = start(tmp / "photos", tmp / "runs", kept, marker)
         if f"checking {images:,} images" in said:
-            from vit.benchmark.runner import BenchmarkError
+            from vit.benchmark.common import BenchmarkError
 
             raise BenchmarkError("section folders: the second start checked the images again")
     return {"images": images, "side": SIDE, "processes": 2, "s_generate": generated, "s_walk": walked,

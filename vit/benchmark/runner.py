@@ -11,8 +11,9 @@ import torch
 
 from vit.benchmark import checkpoint, classify, data, fast_paths, folders, model, peak, startup, step
 from vit.benchmark.report import write_report
+from vit.benchmark.common import BenchmarkError
 from vit.benchmark.time_bound import TimeBound, time_bound
-from vit.exits import ConfigError, Stopped
+from vit.exits import Stopped
 
 MODULES = {"model": model, "data": data, "peak": peak, "step": step, "fast-paths": fast_paths, "classify": classify,
            "checkpoint": checkpoint, "startup": startup,
@@ -66,10 +67,6 @@ def run(args) -> dict:
     if args.output:
         print(f"wrote {args.output}")
     return report
-
-
-class BenchmarkError(ConfigError):
-    """A benchmark that cannot run as asked; the message says why (exit 2)."""
 
 
 class StoppedEarly(Stopped):

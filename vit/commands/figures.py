@@ -93,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [p for p in every if not p.history] if args.quick else [plans_.load(plans_.find(default_plan()))]
     if not (args.render or args.check):
         data, runs = quick_dirs(results_dir) if args.quick else (args.data_root.resolve(), args.runs.resolve())
+        from vit.commands.train import ArgumentCheck
+
         runner = plans_.Runner(data, runs, results_dir, minutes=args.minutes, quick=args.quick,
-                               max_commands=args.max_commands)
+                               max_commands=args.max_commands, check_command=ArgumentCheck())
         for plan in chosen:
             if plan.history:
                 raise ConfigError(f"{plan.path}: history: a plan kept for its records; it does not run")

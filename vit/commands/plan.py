@@ -155,10 +155,13 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
+    from vit.commands.train import ArgumentCheck
+
     plan = plans.load(plans.find(args.plan))
     results_dir = getattr(args, "results", None)
     runner = plans.Runner(getattr(args, "data_root", Path("data")).resolve(), args.runs.resolve(),
-                          results_dir and results_dir.resolve(), max_commands=getattr(args, "max_commands", None))
+                          results_dir and results_dir.resolve(), max_commands=getattr(args, "max_commands", None),
+                          check_command=ArgumentCheck())
     if args.command != "table" and not plan.history:
         check_arguments(plan, runner)
     if args.command == "show":

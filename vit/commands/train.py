@@ -395,6 +395,18 @@ def check_arguments(parser, argv: list[str], note: bool = True) -> dict:
         raise ConfigError(failures.condense(str(e))) from None
 
 
+class ArgumentCheck:
+    """``check_arguments`` with ``training_parser()``'s parser built at the first call: what a plan's Runner is
+    given to parse its runs' commands (the library imports no command)."""
+
+    def __init__(self):
+        self.parser = None
+
+    def __call__(self, argv: list[str], note: bool = True) -> dict:
+        self.parser = self.parser or training_parser()
+        return check_arguments(self.parser, argv, note)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     mode = argv.pop(0) if argv and argv[0] in MODES else "fit"

@@ -9,6 +9,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,7 +62,9 @@ class Runner(Inputs):
     group: str | None = None  # the W&B group of the plan being run
     pin: bool = False  # the plan runs several at once (resources.at_once > 1): each run one core, one thread
     planned: dict = field(default_factory=dict)  # each run's effective configuration (``configuration``)
-    parser: object = None  # vit-train's parser, built once when a configuration is wanted
+    # vit-train's check of a command line, its effective configuration (vit.commands.train.ArgumentCheck), given by
+    # the command that runs the plan: the library imports no command
+    check_command: Callable[..., dict] | None = None
 
     def record_path(self, job: Run | Benchmark) -> Path:
         if self.results_dir is not None:
@@ -94,10 +97,9 @@ class Runner(Inputs):
         if job.commit:
             return None
         if job.name not in self.planned:
-            from vit.commands import train
-
-            self.parser = self.parser or train.training_parser()
-            self.planned[job.name] = train.check_arguments(self.parser, self.train_args(job), note)
+            if self.check_command is None:
+                raise TypeError("Runner(check_command=vit.commands.train.ArgumentCheck()) parses the runs' commands")
+            self.planned[job.name] = self.check_command(self.train_args(job), note)
         return self.planned[job.name]
 
     def differences(self, job: Run | Benchmark, path: Path | None = None) -> list[str] | None:
