@@ -26,9 +26,10 @@ QUICK_BENCH = ("--quick", "--device", "cpu", "--sections", "model,step")  # (tes
 
 def program(tree: Path, command: str) -> list[str]:
     """How to start a command of ``tree``'s code: its scripts/COMMAND.py (a checkout), else the console script
-    installed beside this Python (vit-COMMAND)."""
+    installed beside this Python (vit-COMMAND). A commit's checkout (a clone of this repository) has its
+    scripts, made or not yet."""
     script = tree / "scripts" / f"{command}.py"
-    if script.is_file():
+    if script.is_file() or tree != REPO:
         return [sys.executable, str(script)]
     return [str(Path(sys.executable).with_name(f"vit-{command}"))]
 
@@ -49,6 +50,7 @@ class Runner(Inputs):
     quick_report: Path | None = None  # --quick: the one benchmark's report
     group: str | None = None  # the W&B group of the plan being run
     pin: bool = False  # the plan runs several at once (resources.at_once > 1): each run one core, one thread
+    dry_run: bool = False  # commands only: checkouts and data are named where they will be, not made (Inputs)
 
     def record_path(self, job: Run | Benchmark) -> Path:
         if self.results_dir is not None:
