@@ -26,7 +26,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.environments import LightningEnvironment
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
-from vit import configs, exits, failures, gpus, launch, loggers, report, results, runs
+from vit import configs, exits, failures, gpus, launch, loggers, report, results, run_lock, runs
 from vit.callbacks import LogConfig, run_callbacks
 from vit.guards import StopAfterMinutes, Watchdog
 from vit.progress import ProgressBar
@@ -399,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         if not inherited:
             os.environ.pop(runs.ENV, None)
         loggers.end_wandb_run(code)
+        run_lock.release()  # (after the W&B run's end: the folder is this run's until then)
         bug = sys.exc_info()[1]
         if code == 1 and isinstance(bug, Exception):  # under DDP, the others end too, naming it (its traceback
             tell_others(cli, code, f"a bug, whose traceback that process prints: {type(bug).__name__}: "  # follows)
@@ -410,6 +411,6 @@ def main(argv: list[str] | None = None) -> int:
         print(failures.said(message, code), file=sys.stderr)
     tell_others(cli, code, message)  # under DDP, the others end with it, with this line (rank 1's bad input too)
     for run in claimed:
-        if run.is_dir() and {p.name for p in run.iterdir()} <= {runs.WANDB_ID}:
+        if run.is_dir() and {p.name for p in run.iterdir()} <= {runs.WANDB_ID, run_lock.LOCK}:
             shutil.rmtree(run)  # a run that never started leaves no folder behind (its W&B id unused)
     return code
