@@ -302,7 +302,8 @@ def test_an_array_task_runs_its_own_run_and_requeues_itself_when_the_run_stopped
     script = tmp_path / "runs" / "two" / "two.sbatch"
     bin_ = tmp_path / "bin"
     bin_.mkdir()
-    write(bin_ / "srun", f'#!/bin/bash\necho "$WANDB_RUN_GROUP $*" > {tmp_path}/srun.$SLURM_ARRAY_TASK_ID\nexit 4\n')
+    write(bin_ / "srun", f'#!/bin/bash\necho "$WANDB_RUN_GROUP $*" > {tmp_path}/srun.$SLURM_ARRAY_TASK_ID\n'
+                         f'echo "$VIT_REQUEUER" > {tmp_path}/requeuer\nkill -USR1 $PPID\nexit 4\n')
     write(bin_ / "scontrol", f'#!/bin/bash\necho "$*" >> {tmp_path}/scontrol\n')
     for tool in ("srun", "scontrol"):
         (bin_ / tool).chmod(0o755)
@@ -316,7 +317,8 @@ def test_an_array_task_runs_its_own_run_and_requeues_itself_when_the_run_stopped
     assert first.returncode == 4 and "requeueing task 1 (job 71)" in first.stdout
     group, *command = (tmp_path / "srun.1").read_text().split()
     assert group == "two" and command[command.index("--run") + 1] == "b" and not (tmp_path / "srun.0").exists()
-    assert (tmp_path / "scontrol").read_text() == "requeue 71\n"
+    assert (tmp_path / "scontrol").read_text() == "requeue 71\n"  # (its shell signalled too: `scancel --full`)
+    assert (tmp_path / "requeuer").read_text() == "the job array of two.yaml (vit-plan submit)\n"  # the stop line's
     last = task(1, restarts=20)
     assert last.returncode == 4 and "not requeueing task 1: requeued 20 times" in last.stdout
     assert (tmp_path / "scontrol").read_text() == "requeue 71\n"

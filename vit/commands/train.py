@@ -14,7 +14,9 @@ import ast
 import logging
 import os
 import shutil
+import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Optional
@@ -398,6 +400,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not inherited:
             os.environ.pop(runs.ENV, None)
+        # nothing left to stop: a later SIGUSR1 (a second scancel, SLURM's own before the time limit) must not kill
+        # the process as it ends, where Python has put its own handlers back to the default (death by signal 10,
+        # exit 138: the job's script would not requeue it)
+        if launch.slurm_job() and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         loggers.end_wandb_run(code)
         run_lock.release()  # (after the W&B run's end: the folder is this run's until then)
         bug = sys.exc_info()[1]
