@@ -5,6 +5,7 @@ that reads the launchers' environment variables."""
 from __future__ import annotations
 
 import os
+import shlex
 
 from vit.exits import Stopped, status_of
 
@@ -29,7 +30,7 @@ def array_script(name: str, commands: list[str]) -> str:
     arms = "\n".join(f"  {i}) {command} ;;" for i, command in enumerate(commands))
     return f"""set -euo pipefail
 {SHELL_TRAP}
-export {REQUEUER}="the job array of {name} (vit-plan submit)"
+export {REQUEUER}={shlex.quote(f"the job array of {name} (vit-plan submit)")}
 echo "task ${{SLURM_ARRAY_TASK_ID}} of {name} (restart ${{SLURM_RESTART_COUNT:-0}}) on $(hostname): $(date -Is)"
 status=0
 case "${{SLURM_ARRAY_TASK_ID}}" in

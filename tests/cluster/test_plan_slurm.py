@@ -67,7 +67,7 @@ def plan_env() -> dict:
 def submit(plan: Path, runs: Path, data: Path) -> str:
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "plan.py"), "submit", str(plan), "--runs", str(runs),
                            "--data-root", str(data)], cwd=plan.parent, env=plan_env(), capture_output=True, text=True,
-                          timeout=120)
+                          timeout=600)
     assert done.returncode == 0, done.stderr
     return re.search(r"submitted job array (\d+)", done.stdout).group(1)
 
