@@ -72,12 +72,12 @@ def submit(plan: Path, runs: Path, data: Path) -> str:
     return re.search(r"submitted job array (\d+)", done.stdout).group(1)
 
 
-def slow_plan(path: Path, runs: str) -> Path:
-    """The toy recipe with the defaults (W&B on, the progress bar as the plan leaves it), slowed to 0.5 s a step
-    (8 steps an epoch, 2 epochs), each step executed written to the run's steps.0."""
+def slow_plan(path: Path, runs: str, seconds: float = 0.5) -> Path:
+    """The toy recipe with the defaults (W&B on, the progress bar as the plan leaves it), slowed to ``seconds`` a
+    step (8 steps an epoch, 2 epochs), each step executed written to the run's steps.0."""
     toy = ["--config", "smoke", "--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2",
            "--trainer.max_epochs", "2", "--data.batch_size", "50", "--data.val_size", "100", "--data.num_workers", "0",
-           "--trainer.callbacks+=callbacks.SlowSteps", "--trainer.callbacks.seconds", "0.5",
+           "--trainer.callbacks+=callbacks.SlowSteps", "--trainer.callbacks.seconds", str(seconds),
            "--trainer.callbacks+=callbacks.CountSteps"]
     path.write_text(f"args: {json.dumps(toy)}\nresources: {{cpus: 1, time: \"00:20:00\"}}\nruns: {runs}\n")
     return path
@@ -127,7 +127,7 @@ def test_a_plans_task_signalled_mid_epoch_stops_requeues_and_completes(slurm, tm
 def test_the_same_plan_submitted_again_while_its_array_runs_loses_nothing(slurm, tmp_path, fake_cifar_session):
     """The second array's task finds the run folder held by the first's: it ends at once with exit 2 and one line
     naming the holder, removing nothing; the first trains every step once and leaves one record."""
-    plan = slow_plan(tmp_path / "one.yaml", "[{name: base}]")
+    plan = slow_plan(tmp_path / "one.yaml", "[{name: base}]", seconds=8)  # (still training when submitted again)
     runs = tmp_path / "runs"
     first = submit(plan, runs, fake_cifar_session)
     run = runs / "one" / "base"
