@@ -320,7 +320,8 @@ def test_an_array_task_runs_its_own_run_and_requeues_itself_when_the_run_stopped
     script = tmp_path / "runs" / "two" / "two.sbatch"
     bin_ = tmp_path / "bin"
     bin_.mkdir()
-    write(bin_ / "srun", f'#!/bin/bash\necho "$WANDB_RUN_GROUP $*" > {tmp_path}/srun.$SLURM_ARRAY_TASK_ID\nexit 4\n')
+    write(bin_ / "srun", f'#!/bin/bash\necho "$WANDB_RUN_GROUP $*" > {tmp_path}/srun.$SLURM_ARRAY_TASK_ID\n'
+                         f'echo "$VIT_REQUEUER" > {tmp_path}/requeuer\nkill -USR1 $PPID\nexit 4\n')
     write(bin_ / "scontrol", f'#!/bin/bash\necho "$*" >> {tmp_path}/scontrol\n')
     for tool in ("srun", "scontrol"):
         (bin_ / tool).chmod(0o755)
@@ -334,7 +335,8 @@ def test_an_array_task_runs_its_own_run_and_requeues_itself_when_the_run_stopped
     assert first.returncode == 4 and "requeueing task 1 (job 71)" in first.stdout
     group, *command = (tmp_path / "srun.1").read_text().split()
     assert group == "two" and command[command.index("--run") + 1] == "b" and not (tmp_path / "srun.0").exists()
-    assert (tmp_path / "scontrol").read_text() == "requeue 71\n"
+    assert (tmp_path / "scontrol").read_text() == "requeue 71\n"  # (its shell signalled too: `scancel --full`)
+    assert (tmp_path / "requeuer").read_text() == "the job array of two.yaml (vit-plan submit)\n"  # the stop line's
     last = task(1, restarts=20)
     assert last.returncode == 4 and "not requeueing task 1: requeued 20 times" in last.stdout
     assert (tmp_path / "scontrol").read_text() == "requeue 71\n"
@@ -382,13 +384,15 @@ def test_a_benchmark_task_has_its_reports_folder_and_one_srun_task_and_a_task_wi
                                          "runs: [{name: a}, {name: speed, benchmark: [--sections, step]}]\n")
     assert main(["submit", str(plan), "--runs", str(tmp_path / "runs"), "--dry-run"]) == 0
     text = capsys.readouterr().out
-    assert "#SBATCH --ntasks=2" in text and (tmp_path / "runs" / "benchmark-two").is_dir()
+    assert "#SBATCH --ntasks=2" in text and not (tmp_path / "runs" / "benchmark-two").exists()
     (arm,) = [line for line in text.splitlines() if line.startswith("  1) ")]
     assert "srun --ntasks=1 " in arm and f"--output {tmp_path}/runs/benchmark-two/speed.json" in arm
+    assert f"mkdir -p {tmp_path}/runs/benchmark-two && " in arm  # the task makes its report's folder
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     write(bin_ / "srun", f"#!/bin/bash\ntouch {tmp_path}/srun.$SLURM_ARRAY_TASK_ID\n")
     (bin_ / "srun").chmod(0o755)
+    (tmp_path / "runs" / "benchmark-two").mkdir()
     write(tmp_path / "runs" / "benchmark-two" / "speed.json", "{}")
     (tmp_path / "runs" / "two" / "a").mkdir(parents=True)
     write(tmp_path / "runs" / "two" / "a" / "results.json", "{}")
@@ -398,6 +402,37 @@ def test_a_benchmark_task_has_its_reports_folder_and_one_srun_task_and_a_task_wi
                               text=True, timeout=60)
         assert done.returncode == 0 and ": done, its record is " in done.stdout, done.stderr
         assert not (tmp_path / f"srun.{i}").exists()
+
+
+def test_submit_dry_run_writes_only_the_script_no_checkout_no_data(tmp_path, capsys, monkeypatch):
+    """`submit --dry-run` names a commit's checkout, Fashion-MNIST's folders and a benchmark's report folder where
+    the tasks will find them, and makes none of them: the script (in its folder) is the only thing written."""
+    import vit.cifar
+    import vit.folders
+
+    def fetch(*args, **kwargs):
+        raise AssertionError("--dry-run fetched or converted data")
+
+    monkeypatch.setattr(vit.folders, "fashion_mnist_folders", fetch)
+    monkeypatch.setattr(vit.cifar, "download", fetch)
+    head = git("rev-parse", "HEAD", cwd=ROOT)
+    plan = write(tmp_path / "all.yaml", f"""args: [--config, smoke]
+runs:
+  - {{name: here}}
+  - {{name: fashion, data: fashion-mnist}}
+  - {{name: then, commit: {head}}}
+  - {{name: speed, benchmark: [--sections, step]}}
+""")
+    runs, data = tmp_path / "runs", tmp_path / "data"
+    assert main(["submit", str(plan), "--runs", str(runs), "--data-root", str(data), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    made = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    assert made == ["all.yaml", "runs", "runs/all", "runs/all/all.sbatch"]
+    arms = {line.split(")")[0].strip(): line for line in text.splitlines() if re.match(r"  \d\) ", line)}
+    assert f"--data.root {data}/fashion-mnist-folders " in arms["1"]
+    checkout = runs / ".checkouts" / head[:7]
+    assert f"cd {checkout} && PYTHONPATH={checkout}" in arms["2"] and f"{checkout}/scripts/train.py " in arms["2"]
+    assert f"mkdir -p {runs}/benchmark-all && " in arms["3"]
 
 
 def test_runs_at_once_are_refused_beyond_this_processes_cores_or_with_gpus_and_each_gets_one_thread(tmp_path, capsys,

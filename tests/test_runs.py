@@ -216,20 +216,41 @@ def test_a_copied_run_resumes_from_its_newest_step_and_its_drafts_are_removed(tm
 
 
 def test_only_process_zero_removes_drafts(tmp_path, monkeypatch):
-    """The other processes of a launch never touch the folder (they write no checkpoint)."""
+    """The other processes of a launch never touch the folder (they write no checkpoint): process 1 of SLURM job
+    41 goes on once its process 0 (another process here) holds the folder, and removes nothing."""
+    import subprocess
+    import sys
+
     from lightning.pytorch.utilities import rank_zero_only
+
+    from vit import run_lock
 
     checkpoints = tmp_path / "runs" / "x" / runs.CHECKPOINTS
     write(checkpoints / "last.ckpt", 4, saved=1.0)
     draft = checkpoints / f".last.ckpt.{os.getpid()}.tmp"
     draft.write_bytes(b"part")
-    monkeypatch.setattr(rank_zero_only, "rank", 1)
-    monkeypatch.delenv(runs.ENV, raising=False)
-    runs.open_for_fit(tmp_path / "runs", "last", "x", {}, [])
-    assert draft.is_file()
+    job = {"SLURM_NTASKS": "2", "SLURM_JOB_ID": "41", "SLURM_JOB_NAME": "train"}
+    for key in ("SLURM_ARRAY_JOB_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RUN_ID", runs.ENV):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in job.items():
+        monkeypatch.setenv(key, value)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; from vit import "
+                               "run_lock; run_lock.take(Path(sys.argv[1])); print('held', flush=True); time.sleep(300)",
+                               str(tmp_path / "runs" / "x")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setattr(rank_zero_only, "rank", 1)
+        runs.open_for_fit(tmp_path / "runs", "last", "x", {}, [])
+        assert draft.is_file()
+    finally:
+        holder.kill()
+        holder.wait()
     monkeypatch.setattr(rank_zero_only, "rank", 0)
-    runs.open_for_fit(tmp_path / "runs", "last", "x", {}, [])
-    assert not draft.exists()
+    try:
+        runs.open_for_fit(tmp_path / "runs", "last", "x", {}, [])
+        assert not draft.exists()
+    finally:
+        run_lock.release()
 
 
 def test_vit_runs_moves_the_runs_the_plans_folders_and_their_array_logs(tmp_path, monkeypatch, fake_cifar, capsys):

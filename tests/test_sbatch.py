@@ -18,7 +18,8 @@ def job(tmp_path):
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     calls = tmp_path / "scontrol.calls"
-    (bin_ / "srun").write_text("#!/bin/sh\nexit \"$SRUN_STATUS\"\n")
+    (bin_ / "srun").write_text(f"#!/bin/sh\necho \"$VIT_REQUEUER\" > {tmp_path}/requeuer\n"
+                               "[ -z \"$SRUN_SIGNALS_SHELL\" ] || kill -USR1 $PPID\nexit \"$SRUN_STATUS\"\n")
     (bin_ / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
     for tool in bin_.iterdir():
         tool.chmod(0o755)
@@ -78,3 +79,11 @@ def test_the_script_names_partition_account_qos_and_gres_for_clusters_that_want_
     assert {line.split("=")[0] for line in commented} == {"##SBATCH --partition", "##SBATCH --account",
                                                           "##SBATCH --qos"}
     assert "#SBATCH --gpus-per-node=4" in directives and "`#SBATCH --gres=gpu:4`" in text
+
+
+def test_a_sigusr1_to_the_batch_shell_too_still_requeues_and_the_run_is_told_who_requeues(job, tmp_path):
+    """`scancel --full --signal=USR1` (or `--signal=B:USR1@90`) signals the batch shell as well as the run: the
+    shell lives through it (without a trap bash dies of it, exit 138, and the job ends FAILED, never requeued)."""
+    proc, requeues = job(0, 4, env={"SRUN_SIGNALS_SHELL": "1"})
+    assert proc.returncode == 4 and requeues == ["requeue 77"], proc.stdout + proc.stderr
+    assert (tmp_path / "requeuer").read_text() == "scripts/slurm/train.sbatch\n"  # the stop line names it

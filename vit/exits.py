@@ -88,14 +88,15 @@ EXITS = (
     Exit(2, BadInput, "one line on stderr: a bad configuration value, missing or malformed data, a checkpoint "
                       "that cannot be used (missing, corrupt, crafted, or a model that does not fit the command "
                       "line), GPUs allocated that torch cannot use (it names torch's CUDA and what the driver "
-                      "reports) — nothing in the run folder is overwritten", "no: correct the input first"),
+                      "reports), a run folder another process is training in (it names that process) — nothing in "
+                      "the run folder is overwritten", "no: correct the input first"),
     Exit(3, TrainingDiverged, "training diverged: the loss or the gradients became non-finite. One line gives the "
                               "step, the epoch, the last finite loss and what to try; no checkpoint with non-finite "
                               "weights is written (the last good `last.ckpt` and best checkpoint stay), no test is run",
          "no: change the settings"),
     Exit(4, Stopped, "stopped before the end, where it resumes: preempted on SLURM (SIGUSR1: every process stops at "
-                     "the same step and writes it to `step.ckpt`; `train.sbatch` requeues the job, which resumes "
-                     "from there), or `--stop_after_minutes` (continue with `--ckpt_path last`)", "yes"),
+                     "the same step and writes it to `step.ckpt`; `train.sbatch` and a plan's job array requeue the "
+                     "job, which resumes from there), or `--stop_after_minutes` (continue with `--ckpt_path last`)", "yes"),
     Exit(5, LostProcesses, "a process is stuck or the processes of a multi-process run lost each other: one "
                            "started or finished no batch for `--ddp_timeout` seconds (waiting for its data, or "
                            "for the others in a collective: it prints where each of its threads is; a start and "

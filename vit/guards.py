@@ -261,8 +261,8 @@ class StopOnSignal(L.Callback):
     handler only notes it. Every ``every_n_steps`` steps all processes agree (one all-reduce) whether
     any of them got it; if so every process writes the step checkpoint of that step together
     (``<run>/checkpoints/step.ckpt``: weights, optimizer, schedule, EMA, loops, each process's data
-    position and RNG states; vit.resume) and stops with ``Preempted`` (exit 4), and
-    scripts/slurm/train.sbatch requeues the job (same job id, same run folder). The requeued job resumes
+    position and RNG states; vit.resume) and stops with ``Preempted`` (exit 4), and the job's script
+    (scripts/slurm/train.sbatch, a plan's job array) requeues the job (same job id, same run folder). The requeued job resumes
     from that checkpoint, mid-epoch, and ends with exactly the weights of an uninterrupted job. (Lightning's
     own handler saves a checkpoint from inside the signal handler, issuing collectives in the middle of a
     step while the other ranks wait in backward: a deadlock, Lightning #21406; vit.commands.train turns it
@@ -306,10 +306,15 @@ class StopOnSignal(L.Callback):
 
             if wandb.run is not None:  # the logger's run, if it started
                 wandb.run.mark_preempting()
+        from vit.launch import requeuer
+
+        by = requeuer()
+        then = (f"Requeued by {by} under the same id, it resumes from there." if by else
+                f"Requeued under the same id (scontrol requeue {self.job}, as scripts/slurm/train.sbatch does), "
+                "it resumes from there.")
         raise Preempted(f"SLURM job {self.job} got SIGUSR1 (a time limit or preemption is near): stopped at step "
                         f"{trainer.global_step}, in epoch {trainer.current_epoch}, and saved it to {path} "
-                        f"({seconds:.1f} s). Requeued by scripts/slurm/train.sbatch under the same id, it resumes "
-                        f"from there.")
+                        f"({seconds:.1f} s). {then}")
 
 
 class StopAfterMinutes(L.Callback):

@@ -5,10 +5,22 @@ that reads the launchers' environment variables."""
 from __future__ import annotations
 
 import os
+import shlex
 
 from vit.exits import Stopped, status_of
 
 MAX_REQUEUES = 20  # an array task's requeues before it says how to continue instead (as train.sbatch's default)
+REQUEUER = "VIT_REQUEUER"  # what requeues this job when its run stops on SIGUSR1: set by the script that runs it
+# The batch shell of a job lives through a SIGUSR1 sent to it too (`scancel --full`, `--signal=B:...`): without a
+# trap bash dies of it (exit 138), and the job ends FAILED while its run, which got the signal from its step,
+# stops where it resumes. The trap does nothing itself; srun's step, which SLURM signals, stops the run.
+SHELL_TRAP = "trap : USR1  # the run stops on it; this shell stays to requeue the job"
+
+
+def requeuer() -> str | None:
+    """What requeues this job when its run stops where it resumes (exit 4), as the job's script says
+    (train.sbatch, a plan's job array); None: nothing said so."""
+    return os.environ.get(REQUEUER) or None
 
 
 def array_script(name: str, commands: list[str]) -> str:
@@ -17,6 +29,8 @@ def array_script(name: str, commands: list[str]) -> str:
     stopped there (exit 4) requeues its task, which continues it."""
     arms = "\n".join(f"  {i}) {command} ;;" for i, command in enumerate(commands))
     return f"""set -euo pipefail
+{SHELL_TRAP}
+export {REQUEUER}={shlex.quote(f"the job array of {name} (vit-plan submit)")}
 echo "task ${{SLURM_ARRAY_TASK_ID}} of {name} (restart ${{SLURM_RESTART_COUNT:-0}}) on $(hostname): $(date -Is)"
 status=0
 case "${{SLURM_ARRAY_TASK_ID}}" in

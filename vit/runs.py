@@ -255,10 +255,14 @@ def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict
     (None: a new run), checked to fit the command line's ``arch``; a folder this call created is appended to
     ``claimed`` (removed again if the run never starts). Says which in one line.
 
-    Process 0 deletes the drafts of saves killed in an earlier attempt (vit.checkpoint_io): it alone writes
-    checkpoints (Lightning saves on the global rank zero only), and no training, so no save, has begun."""
+    One process at a time trains in a run folder (vit.run_lock): process 0 takes the folder before it reads a
+    checkpoint there, or ends with a line naming the process that holds it; the other processes of its launch
+    wait for it. Process 0, the holder, then deletes the drafts of saves killed in an earlier attempt
+    (vit.checkpoint_io): it alone writes checkpoints (Lightning saves on the global rank zero only), no training of
+    this run has begun, and no other process trains in the folder: no draft is a live save's."""
     from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
+    from vit import run_lock
     from vit.checkpoint_io import remove_drafts
     from vit.checkpoints import check_fits
 
@@ -267,8 +271,16 @@ def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict
         check_fits(given, arch, ckpt_path)
     existed = set(root.iterdir()) if root.is_dir() else set()
     run, resume_from, ckpt, note = resolve(root, ckpt_path, name)
-    if run not in existed:
-        claimed.append(run)
+    if os.environ.get(ENV):  # started by Lightning's launcher: the process that started it holds the folder
+        pass
+    elif rank_zero_only.rank == 0:
+        taken = run_lock.take(run)
+        if taken:
+            rank_zero_info(taken)
+        if run not in existed:  # (only a holder removes a folder it made that never started)
+            claimed.append(run)
+    else:
+        run_lock.wait_for_rank_zero(run)
     resume = None
     if resume_from is not None:
         ckpt = ckpt or given or read_checkpoint(resume_from)

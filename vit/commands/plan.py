@@ -82,7 +82,9 @@ def _parser() -> argparse.ArgumentParser:
                            help="run only the plan's run INDEX (vit-plan show numbers them; a job array's task id)")
             p.add_argument("--max-commands", type=int, default=None, help="stop after this many commands (exit 4)")
         else:
-            p.add_argument("--dry-run", action="store_true", help="write and print the script; do not call sbatch")
+            p.add_argument("--dry-run", action="store_true",
+                           help="only write and print the script: no sbatch, and nothing else is made (no checkout "
+                                "of a run's commit, no data fetched or converted)")
     p = command("table", "the plan's table: mean ± standard deviation over seeds, and n, for each run")
     p.add_argument("--runs", type=Path, default=runs_folder(), help="the runs' folders (default: $VIT_RUNS, else runs)")
     p.add_argument("--results", type=Path, default=None, help="read the records copied to RESULTS/TABLE/NAME.json instead")
@@ -188,9 +190,11 @@ def main(argv: list[str] | None = None) -> int:
 def submit(plan, args, runner) -> int:
     from vit import plans
 
+    runner.dry_run = args.dry_run  # commands only: no checkout, no data made
     script = runner.runs_root / plan.table / f"{plan.table}.sbatch"
+    text = plans.sbatch_script(plan, runner)  # (a run that cannot start is refused before anything is written)
     script.parent.mkdir(parents=True, exist_ok=True)
-    script.write_text(plans.sbatch_script(plan, runner))
+    script.write_text(text)
     print(f"[plan] {script}:\n{script.read_text()}", end="", flush=True)
     if args.dry_run:
         return 0

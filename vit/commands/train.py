@@ -14,7 +14,9 @@ import ast
 import logging
 import os
 import shutil
+import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Optional
@@ -26,7 +28,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.environments import LightningEnvironment
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
-from vit import configs, exits, failures, gpus, launch, loggers, report, results, runs
+from vit import configs, exits, failures, gpus, launch, loggers, report, results, run_lock, runs
 from vit.callbacks import LogConfig, run_callbacks
 from vit.guards import StopAfterMinutes, Watchdog
 from vit.progress import ProgressBar
@@ -438,7 +440,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not inherited:
             os.environ.pop(runs.ENV, None)
+        # nothing left to stop: a later SIGUSR1 (a second scancel, SLURM's own before the time limit) must not kill
+        # the process as it ends, where Python has put its own handlers back to the default (death by signal 10,
+        # exit 138: the job's script would not requeue it)
+        if launch.slurm_job() and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         loggers.end_wandb_run(code)
+        run_lock.release()  # (after the W&B run's end: the folder is this run's until then)
         bug = sys.exc_info()[1]
         if code == 1 and isinstance(bug, Exception):  # under DDP, the others end too, naming it (its traceback
             tell_others(cli, code, f"a bug, whose traceback that process prints: {type(bug).__name__}: "  # follows)
@@ -450,6 +458,6 @@ def main(argv: list[str] | None = None) -> int:
         print(failures.said(message, code), file=sys.stderr)
     tell_others(cli, code, message)  # under DDP, the others end with it, with this line (rank 1's bad input too)
     for run in claimed:
-        if run.is_dir() and {p.name for p in run.iterdir()} <= {runs.WANDB_ID}:
+        if run.is_dir() and {p.name for p in run.iterdir()} <= {runs.WANDB_ID, run_lock.LOCK}:
             shutil.rmtree(run)  # a run that never started leaves no folder behind (its W&B id unused)
     return code

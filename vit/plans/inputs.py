@@ -13,7 +13,8 @@ from vit.plans.plan_file import REPO, Plan, PlanFailed, Run
 
 
 class Inputs:
-    """The inputs of a ``Runner``'s runs (it holds ``data_root``, ``runs_root`` and ``quick``)."""
+    """The inputs of a ``Runner``'s runs (it holds ``data_root``, ``runs_root``, ``quick`` and ``dry_run``: name
+    each input where it will be, make none)."""
 
     def tree(self, job: Run) -> Path:
         """Where the job's code is: this checkout, or a clone of the job's commit under RUNS/.checkouts (made in a
@@ -25,6 +26,8 @@ class Inputs:
             if subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{job.commit}^{{commit}}"]).returncode:
                 raise PlanFailed(f"{job.table}/{job.name} runs commit {job.commit}, which this clone does not have "
                                  "(a shallow clone? `git fetch --unshallow` brings it)")
+            if self.dry_run:
+                return tree
             tree.parent.mkdir(parents=True, exist_ok=True)
             part = tree.with_name(f"{tree.name}.part-{os.getpid()}")
             shutil.rmtree(part, ignore_errors=True)
@@ -63,7 +66,7 @@ class Inputs:
         from vit import cifar
         from vit.exits import DatasetError
 
-        if not any(isinstance(job, Run) and job.data == "cifar" for job in plan.runs):
+        if self.dry_run or not any(isinstance(job, Run) and job.data == "cifar" for job in plan.runs):
             return
         if cifar.is_complete(self.data_root / cifar.FOLDER):
             return
@@ -85,7 +88,7 @@ class Inputs:
         """Fashion-MNIST as image folders, DATA_ROOT/fashion-mnist-folders, made once from
         DATA_ROOT/FashionMNIST (torchvision downloads its files there when missing; --quick: generated)."""
         out = self.folders_path()
-        if not out.is_dir():
+        if not out.is_dir() and not self.dry_run:
             from vit.exits import DatasetError
             from vit.folders import fashion_mnist_folders, write_fake_raw
 

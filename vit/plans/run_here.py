@@ -38,9 +38,10 @@ def aside(path: Path) -> Path:
 
 def program(tree: Path, command: str) -> list[str]:
     """How to start a command of ``tree``'s code: its scripts/COMMAND.py (a checkout), else the console script
-    installed beside this Python (vit-COMMAND)."""
+    installed beside this Python (vit-COMMAND). A commit's checkout (a clone of this repository) has its
+    scripts, made or not yet."""
     script = tree / "scripts" / f"{command}.py"
-    if script.is_file():
+    if script.is_file() or tree != REPO:
         return [sys.executable, str(script)]
     return [str(Path(sys.executable).with_name(f"vit-{command}"))]
 
@@ -65,6 +66,7 @@ class Runner(Inputs):
     # vit-train's check of a command line, its effective configuration (vit.commands.train.ArgumentCheck), given by
     # the command that runs the plan: the library imports no command
     check_command: Callable[..., dict] | None = None
+    dry_run: bool = False  # commands only: checkouts and data are named where they will be, not made (Inputs)
 
     def record_path(self, job: Run | Benchmark) -> Path:
         if self.results_dir is not None:

@@ -12,18 +12,20 @@ from vit.plans.run_here import Runner
 def sbatch_script(plan: Plan, runner: Runner) -> str:
     """One SLURM job array for the plan: task i runs the plan's run i alone (its vit-train or vit-benchmark
     command, as ``runner`` would start it here), with the resources the plan names. What the runs need is
-    made now, on the machine that submits (a commit's checkout, Fashion-MNIST's folders)."""
+    made now, on the machine that submits (a commit's checkout, Fashion-MNIST's folders), unless the runner
+    only names it (``dry_run``); a benchmark's task makes its report's folder."""
     r = plan.resources
     out = runner.runs_root / plan.table
     commands = []
     for job in plan.runs:
         record = runner.own_record(job)
+        folder = ""
         if isinstance(job, Benchmark):
-            record.parent.mkdir(parents=True, exist_ok=True)  # its report's folder (benchmark-TABLE)
             command, where, srun = runner.benchmark_command(job, record), REPO, "srun --ntasks=1"
+            folder = f"mkdir -p {shlex.quote(str(record.parent))} && "  # its report's folder (benchmark-TABLE)
         else:
             command, where, srun = runner.train_command(job), runner.tree(job), "srun"
-        prefix = f"cd {shlex.quote(str(where))} && " + (
+        prefix = folder + f"cd {shlex.quote(str(where))} && " + (
             f"PYTHONPATH={runner.pythonpath(where, shell=True)} " if getattr(job, "commit", None) else "")
         done = shlex.quote(f"{job.table}/{job.name}: done, its record is {record}")  # submitted again: not rerun
         commands.append(f"if [ -e {shlex.quote(str(record))} ]; then echo {done}; "

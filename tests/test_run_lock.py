@@ -1,0 +1,92 @@
+"""One process at a time trains in a run folder (vit.run_lock): a second one ends at once, naming the holder,
+touching nothing (no draft removed); a lock left by a process that died is taken over; the other processes of a
+multi-process launch wait for their rank 0, or end with its line."""
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import digest, train_here
+from vit import run_lock, runs
+from vit.exits import RunError
+
+HOLD = ("import sys, time; from pathlib import Path; from vit import run_lock; run_lock.take(Path(sys.argv[1])); "
+        "print('held', flush=True); time.sleep(300)")
+
+
+def hold(run, **env) -> subprocess.Popen:
+    """Another process that takes ``run``'s lock and keeps it (``env``: its launcher's variables)."""
+    run.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, **env})
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_second_process_ends_at_once_naming_the_holder_and_a_dead_holders_lock_is_taken_over(tmp_path, fake_cifar,
+                                                                                               capsys, caplog):
+    run = tmp_path / "runs" / "smoke" / "a"
+    draft = run / "checkpoints" / ".step.ckpt.4242.tmp"  # the holder's save under way
+    draft.parent.mkdir(parents=True)
+    draft.write_bytes(b"x" * 1000)
+    holder = hold(run)
+    try:
+        before = digest(run)
+        started = time.monotonic()
+        assert train_here(tmp_path, fake_cifar, "--run", "a", "--ckpt_path", "last") == 2
+        assert time.monotonic() - started < 60
+        err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+        assert len(err) == 1 and err[0].startswith(f"error: {run.relative_to(tmp_path)} is in use: another process "
+                                                    f"trains in it (pid {holder.pid} on {socket.gethostname()}, "
+                                                    "since "), err
+        assert "--run NAME" in err[0] and "Traceback" not in err[0]
+        assert digest(run) == before and draft.exists()  # nothing read into it, nothing removed
+    finally:
+        holder.send_signal(signal.SIGKILL)  # dies holding it: the operating system releases the lock
+        holder.wait()
+    caplog.set_level(logging.INFO)
+    claimed = []
+    try:
+        folder, resume = runs.open_for_fit(run.parent, "last", "a", {}, claimed)
+        assert folder == run and resume is None and claimed == []
+        assert f"took over {run} from pid {holder.pid} on {socket.gethostname()}" in caplog.text
+        assert "removed 1 draft(s)" in caplog.text and not draft.exists()  # the holder's drafts only
+        other = subprocess.run([sys.executable, "-c", HOLD, str(run)], capture_output=True, text=True, timeout=60)
+        assert other.returncode != 0 and f"(pid {os.getpid()} on " in other.stderr  # this test holds it
+    finally:
+        run_lock.release()
+    assert (run / run_lock.LOCK).read_text() == ""  # released: nobody holds it, nobody to name
+
+
+def test_the_other_processes_of_a_launch_wait_for_their_rank_zero_or_end_with_its_line(tmp_path, monkeypatch):
+    job = {"SLURM_NTASKS": "2", "SLURM_JOB_ID": "41", "SLURM_JOB_NAME": "train"}
+    for key in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(key, raising=False)
+    run = tmp_path / "slurm-41"
+    holder = hold(run, **job)  # rank 0 of job 41
+    try:
+        for key, value in job.items():
+            monkeypatch.setenv(key, value)
+        started = time.monotonic()
+        run_lock.wait_for_rank_zero(run, seconds=60)  # rank 1 of the same job: goes on at once
+        assert time.monotonic() - started < 5
+        monkeypatch.setenv("SLURM_JOB_ID", "42")  # a process of another job for the same folder
+        named = rf"{run} is in use: another process trains in it \(pid {holder.pid} on \S+ \(SLURM job 41\), since "
+        with pytest.raises(RunError, match=named):
+            run_lock.wait_for_rank_zero(run, seconds=60)
+        monkeypatch.setenv("SLURM_JOB_ID", "41")
+        monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # requeued, while its last attempt still holds it
+        with pytest.raises(RunError):
+            run_lock.wait_for_rank_zero(run, seconds=60)
+    finally:
+        holder.kill()
+        holder.wait()
+    started = time.monotonic()
+    run_lock.wait_for_rank_zero(run, seconds=1)  # nobody took it (rank 0 failed before): it goes on, after a while
+    assert 1 <= time.monotonic() - started < 10

@@ -1,0 +1,146 @@
+"""Who trains in a run folder: one launch at a time. The process that trains (global rank 0) holds a lock on
+``<run>/.lock`` for the whole of its fit, the file naming it (pid, host, SLURM job, since when); a second
+process for the same folder ends at once with one line naming the holder (RunError: exit 2), before it reads
+or writes anything there: it removes no draft, starts no W&B run.
+
+The lock is a POSIX record lock (``fcntl.lockf``): the operating system releases it when the process ends,
+however it ends (a kill, a node's reboot), so a lock left by a process that died is free and the next run
+takes it over (and says whose it was). It works across the nodes of a cluster on NFS (its lock manager) and on
+Lustre mounted with ``flock``; on a file system that refuses locks, the run trains unguarded and says so in one
+line; one mounted with ``localflock`` locks for the processes of one node only. Not inherited by the processes a
+run forks (data loader workers), it never outlives the run's own process.
+
+The other processes of a multi-process launch do not take it: Lightning's own launcher starts them after rank 0
+holds it (``vit.runs.ENV``); the processes that SLURM or torchrun started wait until the lock names their own
+launch, or end with the holder's line when another launch holds it (``wait_for_rank_zero``), so that no process
+trains, or waits in a collective, alone.
+
+A POSIX lock is dropped when its process closes any descriptor of the file: nothing but this module opens it.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import struct
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from vit import launch
+from vit.exits import RunError
+
+LOCK = ".lock"
+UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)  # a file system that does not lock
+_held: dict[Path, int] = {}  # run folder → the descriptor holding its lock in this process
+
+
+def identity() -> str:
+    """This attempt of this launch, as each of its processes names it alike: its SLURM job or torchrun id (else
+    this process) and the launcher's restart count (a requeued job is a new attempt of the same name)."""
+    env = os.environ
+    attempt = env.get("SLURM_RESTART_COUNT") or env.get("TORCHELASTIC_RESTART_COUNT") or "0"
+    return f"{launch.launch_name() or f'pid-{os.getpid()}'}/{attempt}"
+
+
+def describe(holder: dict) -> str:
+    """A holder as one phrase: pid 123 on node1 (SLURM job 45_0), since 2026-01-01T00:00:00+00:00."""
+    job = f" (SLURM job {holder['slurm_job']})" if holder.get("slurm_job") else ""
+    return f"pid {holder.get('pid')} on {holder.get('host')}{job}, since {holder.get('since')}"
+
+
+def _read(fd: int) -> dict:
+    try:
+        holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except ValueError:  # written by another tool, or cut short: nothing to name
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+def _refused(run: Path, holder: dict) -> RunError:
+    who = f" ({describe(holder)})" if holder else ""
+    return RunError(f"{run} is in use: another process trains in it{who}, and one process at a time trains in a run "
+                    f"folder. Wait for it to end, or train in another folder (--run NAME)")
+
+
+def take(run: Path) -> str | None:
+    """Hold ``run``'s lock until ``release`` or this process ends; RunError naming the holder when another process
+    holds it. Returns a line to print, or None: whose lock this took over (a process that ended without releasing
+    it), or that the file system cannot lock."""
+    run = Path(run)
+    if run in _held:
+        return None
+    fd = os.open(run / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        holder = _read(fd)
+        os.close(fd)  # (this process holds no lock on the file: closing drops nothing)
+        if e.errno in (errno.EACCES, errno.EAGAIN):
+            raise _refused(run, holder) from None
+        if e.errno in UNSUPPORTED:
+            return (f"the file system of {run} does not lock files ({errno.errorcode[e.errno]}): nothing stops "
+                    f"another process from training in this folder at the same time")
+        raise
+    previous = _read(fd)
+    mine = {"launch": identity(), "pid": os.getpid(), "host": socket.gethostname(), "slurm_job": launch.slurm_job(),
+            "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(mine) + "\n").encode(), 0)
+    _held[run] = fd
+    if previous:  # released whole, the file is empty: this one's holder ended without releasing it
+        return f"took over {run} from {describe(previous)}, which ended without releasing it"
+    return None
+
+
+def release(run: Path | None = None) -> None:
+    """Give up ``run``'s lock (None: every one this process holds), leaving the file empty: no holder."""
+    for folder in [Path(run)] if run is not None else list(_held):
+        fd = _held.pop(folder, None)
+        if fd is None:
+            continue
+        try:
+            os.ftruncate(fd, 0)
+        except OSError:  # (a full disk or a folder gone: closing releases the lock all the same)
+            pass
+        os.close(fd)
+
+
+def _locked(fd: int) -> bool:
+    """Whether some process holds a lock on the file (F_GETLK: asks, takes nothing)."""
+    query = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)  # struct flock: the whole file
+    answer = fcntl.fcntl(fd, fcntl.F_GETLK, query)
+    return struct.unpack("h", answer[:2])[0] != fcntl.F_UNLCK
+
+
+def wait_for_rank_zero(run: Path, seconds: float = 300.0, poll: float = 0.2) -> None:
+    """On a process of a multi-process launch other than rank 0: go on once rank 0 holds ``run``'s lock (the file
+    names this launch); RunError with the holder's line when another launch holds it (rank 0 ends with the same
+    line). After ``seconds`` without either (rank 0 failed before it, and says why), go on: the launch's own
+    wait for its processes then ends it."""
+    path = Path(run) / LOCK
+    deadline, foreign = time.monotonic() + seconds, None
+    while time.monotonic() < deadline:
+        if path.exists():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                locked, holder = _locked(fd), _read(fd)
+            except OSError as e:
+                if e.errno in UNSUPPORTED:
+                    return
+                raise
+            finally:
+                os.close(fd)  # (this process holds no lock on the file)
+            if locked and holder.get("launch") == identity():
+                return
+            if locked and holder:  # twice a second apart: not rank 0 between taking the lock and naming itself
+                if foreign == holder:
+                    raise _refused(Path(run), holder)
+                foreign = holder
+                time.sleep(1.0)
+                continue
+        foreign = None
+        time.sleep(poll)
