@@ -67,6 +67,11 @@ def torchrun_id() -> str | None:
     return env["TORCHELASTIC_RUN_ID"] if launched and env["TORCHELASTIC_RUN_ID"] != "none" else None
 
 
+def attempt() -> str:
+    """The launcher's restart count of this launch ("0" at its first start; a requeued SLURM job counts up)."""
+    return os.environ.get("SLURM_RESTART_COUNT") or os.environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
+
+
 def launch_name() -> str | None:
     """The shared name of a run whose processes an external launcher started: every SLURM job has its
     own (one task or many), so a job never resumes or writes into another job's run."""

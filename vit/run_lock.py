@@ -41,9 +41,7 @@ _held: dict[Path, int] = {}  # run folder → the descriptor holding its lock in
 def identity() -> str:
     """This attempt of this launch, as each of its processes names it alike: its SLURM job or torchrun id (else
     this process) and the launcher's restart count (a requeued job is a new attempt of the same name)."""
-    env = os.environ
-    attempt = env.get("SLURM_RESTART_COUNT") or env.get("TORCHELASTIC_RESTART_COUNT") or "0"
-    return f"{launch.launch_name() or f'pid-{os.getpid()}'}/{attempt}"
+    return f"{launch.launch_name() or f'pid-{os.getpid()}'}/{launch.attempt()}"
 
 
 def describe(holder: dict) -> str:
