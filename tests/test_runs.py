@@ -16,7 +16,9 @@ from helpers import EVERY_STEP, assert_same_training_state, load, train_here
 from vit import runs
 from vit.checkpoint_io import AtomicCheckpointIO, save_atomically
 
-QUIET = ["--trainer.logger", "false", "--test_after_fit", "false"]
+# the smoke recipe on a smaller model (what is checked: which checkpoint resumes, the drafts, the weights)
+QUIET = ["--trainer.logger", "false", "--test_after_fit", "false", "--model.arch.dim", "32", "--model.arch.depth", "1",
+         "--model.arch.heads", "2"]
 
 
 def write(path, step: int, saved: float | None = None, mtime: float = 0.0, size: int = 10) -> None:
