@@ -85,8 +85,30 @@ def tiny_weights(tmp_path_factory):
 SIZES = {1: [1, 2, 15, 16, 400, 401], 2: [2, 15, 16, 30, 32]}
 
 
+# Here, one recipe of each kind of batch: each data pipeline, with and without Mixup/CutMix; the others, whose
+# batch settings are one of these kinds (vit_tiny_cifar10: vit_cifar10's, finetune_cifar10: smoke's at 224 px),
+# in make test-long
+KINDS = {"smoke", "cpu", "vit_cifar10", "vit_cifar10_fast"}
+
+
+def kind(recipe: str) -> tuple[bool, str]:
+    """Whether the recipe mixes, and its data pipeline, as its files say (over the default one)."""
+    import yaml
+
+    pipeline = "workers"
+    for name in dict.fromkeys([configs.DEFAULT, recipe]):
+        data = yaml.safe_load(configs.path(name).read_text()).get("data") or {}
+        pipeline = (data.get("init_args") or {}).get("pipeline", pipeline)
+    return mixes(recipe), pipeline
+
+
+def test_each_kind_of_batch_trains_in_make_test():
+    assert {kind(r) for r in KINDS} == {kind(r) for r in configs.names()} and len(KINDS) == 4
+
+
 @pytest.mark.parametrize("world", [1, 2])
-@pytest.mark.parametrize("recipe", configs.names())
+@pytest.mark.parametrize("recipe", [r if r in KINDS else pytest.param(r, marks=pytest.mark.long)
+                                    for r in configs.names()])
 def test_an_accepted_batch_completes_an_optimizer_step_and_a_refused_one_is_one_line(
         recipe, world, tmp_path, fake_cifar_session, tiny_weights, capsys, monkeypatch):
     """vit-train's main() in this process. A global batch the 2-process split accepts is trained here as the

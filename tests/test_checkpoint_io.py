@@ -53,7 +53,8 @@ def test_a_torn_newest_checkpoint_is_skipped_by_name_and_the_resume_is_exact(tmp
     """A kill while a checkpoint was being copied into place (a run folder written by another tool, or an
     older writer): the newest file is a part of one. `--ckpt_path last` names it, says why it skips it, and
     resumes from the newest one that reads, to the uninterrupted run's weights."""
-    quiet = ["--trainer.logger", "false", "--test_after_fit", "false"]
+    quiet = ["--trainer.logger", "false", "--test_after_fit", "false",
+             "--model.arch.dim", "32", "--model.arch.depth", "1", "--model.arch.heads", "2"]  # the smoke recipe, smaller
     full, part = tmp_path / "full", tmp_path / "part"
     full.mkdir(), part.mkdir()
     assert train_here(full, fake_cifar_session, "--trainer.max_epochs", "2", *quiet) == 0

@@ -61,6 +61,7 @@ def test_help_shows_the_exit_table(capsys):
     assert "[same command resumes: yes]" in out
 
 
+@pytest.mark.long  # the watchdog's exit 5 and its line: test_slow_work_that_outlasts_its_time_is_stuck_too
 def test_a_stuck_data_worker_ends_the_run_with_exit_5_and_where_it_was(tmp_path, fake_cifar_session):
     """One process, the settings a user gets (W&B on, offline without credentials; the progress lines) but
     --ddp_timeout 10: its data loader's workers stop answering

@@ -18,6 +18,7 @@ from vit import runs
 from vit.checkpoint_io import AtomicCheckpointIO, save_atomically
 
 QUIET = ["--trainer.logger", "false", "--test_after_fit", "false"]
+SMALLER = ["--model.arch.dim", "32", "--model.arch.depth", "1", "--model.arch.heads", "2"]  # the smoke recipe, smaller
 
 
 def write(path, step: int, saved: float | None = None, mtime: float = 0.0, size: int = 10,
@@ -185,7 +186,7 @@ def test_a_copied_run_resumes_from_its_newest_step_and_its_drafts_are_removed(tm
     (new modification times, here set so that the best checkpoint looks newest and step.ckpt oldest), with the
     drafts two killed saves left. `--ckpt_path last` resumes the copy from step.ckpt, removes the drafts and
     nothing else, and ends with the uninterrupted run's weights."""
-    args = ["--trainer.max_epochs", "2", *QUIET, *EVERY_STEP]
+    args = ["--trainer.max_epochs", "2", *QUIET, *SMALLER, *EVERY_STEP]
     full, part, home = tmp_path / "full", tmp_path / "part", tmp_path / "home"
     for folder in (full, part, home):
         folder.mkdir()

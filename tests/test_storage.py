@@ -11,7 +11,9 @@ import pytest
 from helpers import assert_same_training_state, errors_of, load, train_here
 
 
-QUIET = ["--trainer.logger", "false", "--test_after_fit", "false"]
+# the smoke recipe on a smaller model (what is checked: the files written, the line, the resumed weights)
+QUIET = ["--trainer.logger", "false", "--test_after_fit", "false", "--model.arch.dim", "32", "--model.arch.depth", "1",
+         "--model.arch.heads", "2"]
 
 
 @pytest.fixture

@@ -240,9 +240,12 @@ def test_nothing_is_written_to_the_working_directory(tmp_path, fake_cifar_sessio
     assert {"checkpoints", "config.yaml", "metrics.csv", "wandb"} <= {p.name for p in run.iterdir()}
 
 
+SMALLER = ["--model.arch.dim", "32", "--model.arch.depth", "1", "--model.arch.heads", "2"]  # the smoke recipe, smaller
+
+
 def test_a_diverged_run_stops_with_exit_3_and_keeps_its_good_checkpoints(tmp_path, fake_cifar_session, capsys,
                                                                          caplog):
-    args = ["--trainer.max_epochs", "3", "--trainer.logger", "false"]
+    args = ["--trainer.max_epochs", "3", "--trainer.logger", "false", *SMALLER]
     assert train_here(tmp_path, fake_cifar_session, *args, "--trainer.callbacks+=callbacks.StopAfterEpoch",
                       "--trainer.callbacks.epoch", "0") == 0
     checkpoints = tmp_path / "runs/smoke/version_0/checkpoints"

@@ -13,10 +13,11 @@ import torch
 from helpers import TEST_LINE, load, train_here
 
 
-# 16 steps, 8 per epoch: 16 px for steps 0-3, 24 px for 4-11, 32 px for 12-15
+# 16 steps, 8 per epoch: 16 px for steps 0-3, 24 px for 4-11, 32 px for 12-15; the smoke model at half its width
+# and depth (the options' checks do not depend on its size)
 LEVERS = ["--model.optimizer.name", "muon", "--model.ema_decay", "0.9", "--model.arch.patch_drop", "0.25",
           "--model.schedule.resize_stages", "[[16, 0.25], [24, 0.75]]", "--trainer.max_epochs", "2", "--data.num_workers", "0",
-          "--trainer.logger", "false"]
+          "--trainer.logger", "false", "--model.arch.dim", "32", "--model.arch.depth", "2", "--model.arch.heads", "2"]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,7 @@ def test_the_options_train_to_full_size_with_muon_and_the_ema(options_run):
     a = load(full / "runs/smoke/version_0/checkpoints/last.ckpt")
     assert a["global_step"] == 16 and a["schedule"]["share"] == 1.0
     assert any(k.startswith("ema.module.") for k in a["state_dict"])  # the EMA and the raw weights, both kept
-    assert a["state_dict"]["model.pos_embedding"].shape == (1, 65, 64)  # full size: 32 px, patch 4
+    assert a["state_dict"]["model.pos_embedding"].shape == (1, 65, 32)  # full size: 32 px, patch 4 (dim 32)
     (state,) = a["optimizer_states"]
     assert [g.get("use_fallback", False) for g in state["param_groups"]] == [False, True, True]  # Muon, AdamW ×2
 
