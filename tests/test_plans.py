@@ -668,3 +668,37 @@ def test_with_a_results_folder_a_copy_of_another_command_moves_aside_and_a_commi
     assert "(seed_everything 9 → 0)" in out and "[plan] 1 of 2 runs have their records: those are skipped" in out
     assert (tmp_path / "results" / "t" / "b.json").is_file() and not (tmp_path / "results" / "t" / "a.json").exists()
     assert (tmp_path / "runs" / "t" / "a.replaced-1" / "checkpoints").is_dir()
+
+
+def test_a_run_started_under_another_command_moves_aside_and_one_still_training_is_refused(tmp_path, fake_cifar,
+                                                                                           capsys):
+    """A run the plan started (stopped before its record) whose plan was edited since: its folder, checkpoints
+    included, moves aside and it runs again; while a process still trains in it, one line refuses."""
+    import subprocess
+    import sys
+
+    plan = write(tmp_path / "edit.yaml", "args: [--config, smoke]\nruns: [{name: a, args: [--model.arch.depth, '1']}]\n")
+    folder = tmp_path / "runs" / "edit" / "a"
+    runner = plans.Runner(fake_cifar, tmp_path / "runs", check_command=ArgumentCheck())
+    (a,) = plans.load(plan).runs
+    runner.remember(a)
+    (folder / "checkpoints").mkdir()
+    assert runner.settle([a]) == 0 and folder.is_dir()  # the same command: it continues
+    write(plan, "args: [--config, smoke]\nruns: [{name: a, args: [--model.arch.depth, '2']}]\n")
+    (a,) = plans.load(plan).runs
+    hold = ("import sys, time; from pathlib import Path; from vit import run_lock; run_lock.take(Path(sys.argv[1])); "
+            "print('held', flush=True); time.sleep(300)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        edited = plans.Runner(fake_cifar, tmp_path / "runs", check_command=ArgumentCheck())
+        with pytest.raises(plans.PlanFailed, match=r"edit/a still trains under another command than the plan's now "
+                                                   r"\(model.arch.depth 1 → 2\)"):
+            edited.settle([a])
+    finally:
+        holder.kill()
+        holder.wait()
+    capsys.readouterr()
+    assert edited.settle([a]) == 0 and not folder.exists()
+    assert (tmp_path / "runs" / "edit" / "a.replaced-1" / "checkpoints").is_dir()
+    assert "edit/a: it was started under another command (model.arch.depth 1 → 2)" in capsys.readouterr().out

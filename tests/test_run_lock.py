@@ -55,7 +55,7 @@ def test_a_second_process_ends_at_once_naming_the_holder_and_a_dead_holders_lock
     try:
         folder, resume = runs.open_for_fit(run.parent, "last", "a", {}, claimed)
         assert folder == run and resume is None and claimed == []
-        assert f"took over {run} from pid {holder.pid} on {socket.gethostname()}" in caplog.text
+        assert f"took over {run}: its lock file names pid {holder.pid} on {socket.gethostname()}" in caplog.text
         assert "removed 1 draft(s)" in caplog.text and not draft.exists()  # the holder's drafts only
         other = subprocess.run([sys.executable, "-c", HOLD, str(run)], capture_output=True, text=True, timeout=60)
         assert other.returncode != 0 and f"(pid {os.getpid()} on " in other.stderr  # this test holds it
@@ -64,7 +64,7 @@ def test_a_second_process_ends_at_once_naming_the_holder_and_a_dead_holders_lock
     assert (run / run_lock.LOCK).read_text() == ""  # released: nobody holds it, nobody to name
 
 
-def test_the_other_processes_of_a_launch_wait_for_their_rank_zero_or_end_with_its_line(tmp_path, monkeypatch):
+def test_the_other_processes_of_a_launch_wait_for_their_rank_zero_or_end_with_its_line(tmp_path, monkeypatch, capsys):
     job = {"SLURM_NTASKS": "2", "SLURM_JOB_ID": "41", "SLURM_JOB_NAME": "train"}
     for key in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(key, raising=False)
@@ -90,3 +90,26 @@ def test_the_other_processes_of_a_launch_wait_for_their_rank_zero_or_end_with_it
     started = time.monotonic()
     run_lock.wait_for_rank_zero(run, seconds=1)  # nobody took it (rank 0 failed before): it goes on, after a while
     assert 1 <= time.monotonic() - started < 10
+    assert f"process 0 of this launch did not take {run}'s lock within 1 s" in capsys.readouterr().err  # said
+
+
+def test_vit_sync_leaves_a_run_that_still_trains_for_later(tmp_path, capsys):
+    """An offline W&B log whose training still holds its run folder is not whole: vit-sync leaves it, says so, and
+    uploads it once the training has ended."""
+    from vit.commands.sync import main as sync
+
+    run = tmp_path / "runs" / "smoke" / "version_0"
+    offline = run / "wandb" / "offline-run-20260101_000000-abcd1234"
+    offline.mkdir(parents=True)
+    (offline / "run-abcd1234.wandb").write_bytes(b"")
+    holder = hold(run)
+    try:
+        assert sync([str(tmp_path / "runs"), "--dry-run"]) == 0
+        out = capsys.readouterr().out
+        assert "left for later: 1 offline W&B run still training" in out and "would upload" not in out
+        assert "all uploaded" not in out
+    finally:
+        holder.kill()
+        holder.wait()
+    assert sync([str(tmp_path / "runs"), "--dry-run"]) == 0
+    assert "would upload 1 offline W&B run of 1 under" in capsys.readouterr().out

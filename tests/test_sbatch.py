@@ -87,3 +87,28 @@ def test_a_sigusr1_to_the_batch_shell_too_still_requeues_and_the_run_is_told_who
     proc, requeues = job(0, 4, env={"SRUN_SIGNALS_SHELL": "1"})
     assert proc.returncode == 4 and requeues == ["requeue 77"], proc.stdout + proc.stderr
     assert (tmp_path / "requeuer").read_text() == "scripts/slurm/train.sbatch\n"  # the stop line names it
+
+
+def test_a_sigusr1_before_training_stops_with_exit_4_which_the_script_requeues(monkeypatch, capsys):
+    """SLURM's SIGUSR1 can come while vit-train still starts (imports, data, an image folder's check): the process
+    stops at once with exit 4 and one line (the job's script requeues it), never dies by the signal (exit 138)."""
+    import signal
+
+    from helpers import SLURM_TASK
+    from vit.commands import train
+
+    class SignalledWhileStarting:
+        def __init__(self, *args):
+            os.kill(os.getpid(), signal.SIGUSR1)
+            raise AssertionError("the signal was not handled")
+
+    for key, value in SLURM_TASK.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(train, "ViTCLI", SignalledWhileStarting)
+    handler = signal.getsignal(signal.SIGUSR1)
+    try:
+        assert train.main(["--config", "smoke"]) == 4
+    finally:
+        signal.signal(signal.SIGUSR1, handler)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("stopped: SIGUSR1 (SLURM's notice of a time limit or a preemption) came before training")

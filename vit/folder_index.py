@@ -3,7 +3,8 @@ class, and those that cannot be read. Checking every image (``vit.images.check_i
 the index is built that way once per state of the folder, by one process, and kept in a file (by default
 ``folder_index.json`` in the run folder), which later starts — a resume, a requeued job — reuse. Under
 DDP, process 0 alone walks the folder and reads or builds the index; the other processes receive it
-(``from_process_zero``) and read no file of the folder until training.
+(``from_process_zero``) and read no image of the training folder until training (each lists ``val/`` and
+``test/``).
 
 The state of the folder is the digest of its image files' (path, size, modification time in ns), listed in
 one ``os.scandir`` walk: a stat per file, and no file read. Adding, removing, renaming, replacing or

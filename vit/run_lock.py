@@ -26,6 +26,7 @@ import json
 import os
 import socket
 import struct
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -90,7 +91,8 @@ def take(run: Path) -> str | None:
     os.pwrite(fd, (json.dumps(mine) + "\n").encode(), 0)
     _held[run] = fd
     if previous:  # released whole, the file is empty: this one's holder ended without releasing it
-        return f"took over {run} from {describe(previous)}, which ended without releasing it"
+        return (f"took over {run}: its lock file names {describe(previous)}, which holds it no longer (it ended "
+                f"without releasing it, or the folder was copied)")
     return None
 
 
@@ -114,14 +116,36 @@ def _locked(fd: int) -> bool:
     return struct.unpack("h", answer[:2])[0] != fcntl.F_UNLCK
 
 
+def holder(run: Path) -> dict | None:
+    """Who holds ``run``'s lock now (its pid, host, SLURM job; {} when it has not named itself yet), or None when no
+    process does, or the file system cannot tell."""
+    path = Path(run) / LOCK
+    if not path.exists():
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return _read(fd) if _locked(fd) else None
+    except OSError as e:
+        if e.errno in UNSUPPORTED:
+            return None
+        raise
+    finally:
+        os.close(fd)  # (this process holds no lock on the file)
+
+
 def wait_for_rank_zero(run: Path, seconds: float = 300.0, poll: float = 0.2) -> None:
     """On a process of a multi-process launch other than rank 0: go on once rank 0 holds ``run``'s lock (the file
     names this launch); RunError with the holder's line when another launch holds it (rank 0 ends with the same
     line). After ``seconds`` without either (rank 0 failed before it, and says why), go on: the launch's own
     wait for its processes then ends it."""
     path = Path(run) / LOCK
-    deadline, foreign = time.monotonic() + seconds, None
+    start = time.monotonic()
+    deadline, foreign, said = start + seconds, None, False
     while time.monotonic() < deadline:
+        if not said and time.monotonic() - start > 10:
+            said = True
+            print(f"waiting for process 0 of this launch to take {run}'s lock (up to {seconds:.0f} s)", file=sys.stderr,
+                  flush=True)
         if path.exists():
             fd = os.open(path, os.O_RDONLY)
             try:
@@ -142,3 +166,5 @@ def wait_for_rank_zero(run: Path, seconds: float = 300.0, poll: float = 0.2) -> 
                 continue
         foreign = None
         time.sleep(poll)
+    print(f"process 0 of this launch did not take {run}'s lock within {seconds:.0f} s (a file system whose locks are "
+          f"not seen across nodes, or process 0 failed and says why): going on", file=sys.stderr, flush=True)

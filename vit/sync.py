@@ -29,6 +29,14 @@ class OfflineRun:
         return sorted(self.folder.glob("*.wandb"))
 
     @property
+    def training(self) -> bool:
+        """Its training still runs (a process holds the run folder's lock: vit.run_lock): its log is not whole yet,
+        and wandb would mark a part of it uploaded for good."""
+        from vit import run_lock
+
+        return run_lock.holder(self.folder.parent.parent) is not None
+
+    @property
     def uploaded(self) -> bool:
         """Every log of the folder carries wandb's mark."""
         return all(log.with_name(log.name + SYNCED).is_file() for log in self.logs)

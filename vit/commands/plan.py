@@ -204,6 +204,8 @@ def submit(plan, args, runner) -> int:
         return 2
     runner.cifar(plan)  # the tasks would each fetch it into one folder: once, here, before they start
     runner.settle(list(plan.runs))  # a record of another command: moved aside, so that its task runs it again
+    for job in plan.runs:
+        runner.remember(job)  # what each task starts: a later submit of an edited plan tells it
     done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
     if done.returncode:
         print(f"error: sbatch refused {script}: {done.stderr.strip()}", file=sys.stderr)

@@ -30,10 +30,15 @@ def main(argv: list[str] | None = None) -> int:
     found = {run.folder: run for folder in args.folders for run in offline_runs(folder)}
     runs = sorted(found.values(), key=lambda run: (run.folder.name, str(run.folder)))
     waiting = [run for run in runs if not run.uploaded]
+    training = [run for run in waiting if run.training]
+    waiting = [run for run in waiting if run not in training]
     where = ", ".join(map(str, args.folders))
+    if training:
+        print(f"left for later: {plural(len(training), 'offline W&B run')} still training"
+              + "".join(f"\n  {shown(run.folder)}" for run in training))
     if not waiting:
         print(f"nothing to upload: {plural(len(runs), 'offline W&B run')} under {where}"
-              + (", all uploaded" if runs else ""))
+              + (", all uploaded" if runs and not training else ""))
         return 0
     listed = "".join(f"\n  {shown(run.folder)}" for run in waiting)
     already = f" ({len(runs) - len(waiting)} uploaded before)" if len(runs) > len(waiting) else ""

@@ -409,9 +409,18 @@ class ArgumentCheck:
         return check_arguments(self.parser, argv, note)
 
 
+def stop_before_training(signum, frame) -> None:
+    """SIGUSR1 under SLURM before training starts (StopOnSignal takes it over then): nothing to save yet, so the
+    process stops at once with exit 4, which the job's script requeues, instead of dying by the signal."""
+    raise Stopped("SIGUSR1 (SLURM's notice of a time limit or a preemption) came before training started: nothing "
+                  "to save yet; the job's script requeues the job, which starts the run again")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     mode = argv.pop(0) if argv and argv[0] in MODES else "fit"
+    if launch.slurm_job() and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, stop_before_training)
     quiet_third_party()
     claimed: list[Path] = []  # a run folder this process created
     inherited = runs.ENV in os.environ  # set by the process that launched this one (DDP)

@@ -25,6 +25,9 @@ QUICK_TRAIN = ("--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arc
 QUICK_BENCH = ("--quick", "--device", "cpu", "--sections", "model,step")  # (test_benchmark runs every section)
 
 
+STARTED = "plan.json"  # in a run's folder: the configuration the plan started it with
+
+
 def aside(path: Path) -> Path:
     """Move a file or folder aside, beside itself, as NAME.replaced-N (the first N free; a run's name has no
     dot, so no run takes it): kept, never deleted, and no longer the run's."""
@@ -114,6 +117,23 @@ class Runner(Inputs):
         record = results.read(path)
         return results.differences(record, self.configuration(job)) if "configuration" in record else None
 
+    def started_differences(self, job: Run | Benchmark) -> list[str] | None:
+        """How the command the plan started a run with (``STARTED`` in its folder, written as it starts) differs from
+        the run the plan has now; None when it has no such file (or is not a training run of this code)."""
+        path = self.runs_root / job.table / job.name / STARTED
+        if not isinstance(job, Run) or job.commit or not path.is_file():
+            return None
+        return results.differences(results.read(path), self.configuration(job))
+
+    def remember(self, job: Run | Benchmark) -> None:
+        """Write, in the run's folder, the configuration the plan starts it with (``started_differences`` reads it)."""
+        if isinstance(job, Run) and not job.commit and not self.dry_run:
+            folder = self.runs_root / job.table / job.name
+            folder.mkdir(parents=True, exist_ok=True)
+            part = folder / f".{STARTED}.part"  # whole or not at all
+            part.write_text(json.dumps({"configuration": self.configuration(job)}, indent=2) + "\n")
+            os.replace(part, folder / STARTED)
+
     def settle(self, jobs: list[Run | Benchmark]) -> int:
         """Before running ``jobs``: a run whose record is another command's (the plan changed since) is moved
         aside, record and run folder, never deleted, with one line naming what differs, and runs again. Says how
@@ -122,11 +142,20 @@ class Runner(Inputs):
             record, own, folder = self.record_path(job), self.own_record(job), self.runs_root / job.table / job.name
             copied = self.differences(job)  # (with a results folder: its copy there; else the run's own)
             mine = self.differences(job, own) if own != record else copied
-            targets = ([record] if copied and record != own else []) + ([folder] if copied or mine else [])
+            started = self.started_differences(job) if copied is None and mine is None else None
+            if started:  # no record yet: a run the plan started under another command, its checkpoints that run's
+                from vit import run_lock
+
+                if (holder := run_lock.holder(folder)) is not None:
+                    raise PlanFailed(f"{job.table}/{job.name} still trains under another command than the plan's now "
+                                     f"({'; '.join(started[:3])}), in {folder} ({run_lock.describe(holder)}): let "
+                                     f"it end or cancel it, then run the plan again")
+            targets = ([record] if copied and record != own else []) + ([folder] if copied or mine or started else [])
             if targets:
-                differ = copied or mine
+                differ = copied or mine or started
                 moved = [aside(p) for p in targets if p.exists()]
-                print(f"[plan] {job.table}/{job.name}: its record is of another command ({'; '.join(differ[:3])}"
+                what = "its record is of" if copied or mine else "it was started under"
+                print(f"[plan] {job.table}/{job.name}: {what} another command ({'; '.join(differ[:3])}"
                       f"{f'; {len(differ) - 3} more' if len(differ) > 3 else ''}): moved aside to "
                       f"{', '.join(map(str, moved))}; it runs again", flush=True)
         done = sum(self.record_path(job).is_file() for job in jobs)
@@ -202,6 +231,7 @@ class Runner(Inputs):
         for i, job in enumerate(jobs):
             core = cores[(i + k) % len(cores)]
             command = self.train_command(job)
+            self.remember(job)
             print(f"[plan] {shlex.join(command[1:])}" + (f"   (core {core})" if pinned else ""), flush=True)
             env = self.environment(pinned)
             tree = self.tree(job)
