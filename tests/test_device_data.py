@@ -54,16 +54,16 @@ def test_device_batches_shard_by_rank_and_seed_by_epoch():
     labels = torch.arange(100)
 
     def batches(rank, world, epoch):
-        loader = DeviceBatches(images, labels, batch_size=10, seed=0, position=lambda n: (epoch, 0), rank=rank,
+        loader = DeviceBatches(images, labels, batch_size=10, seed=0, position=lambda n, per_batch: (epoch, 0), rank=rank,
                                world_size=world, padding=0, hflip=False)
         return torch.cat([y for _, y in loader])
 
-    assert len(DeviceBatches(images, labels, 10, 0, lambda n: (0, 0), 0, 2)) == 5
+    assert len(DeviceBatches(images, labels, 10, 0, lambda n, per_batch: (0, 0), 0, 2)) == 5
     r0, r1 = batches(0, 2, 0), batches(1, 2, 0)
     assert len(r0) == len(r1) == 50 and not set(r0.tolist()) & set(r1.tolist())  # disjoint shards
     assert torch.equal(batches(0, 2, 0), r0)  # same epoch, same order
     assert not torch.equal(batches(0, 2, 1), r0)  # next epoch, new order
-    for x, y in DeviceBatches(images, labels, 10, 0, lambda n: (0, 0)):
+    for x, y in DeviceBatches(images, labels, 10, 0, lambda n, per_batch: (0, 0)):
         assert torch.equal(x[:, 0, 0, 0].long(), y)  # images stay with their labels
 
 
@@ -74,7 +74,7 @@ def test_device_batches_start_at_any_batch_exactly():
     labels = torch.arange(100)
 
     def epoch(start):
-        return list(DeviceBatches(images, labels, 10, 0, lambda n: (3, start), rank=1, world_size=2, padding=2))
+        return list(DeviceBatches(images, labels, 10, 0, lambda n, per_batch: (3, start), rank=1, world_size=2, padding=2))
 
     whole, tail = epoch(0), epoch(2)
     assert len(whole) == 5 and len(tail) == 3

@@ -61,7 +61,7 @@ def bench_data(device: torch.device, batch_size: int, workers: int, n: int) -> d
         dm.setup("fit")
         base = dm.train_set.dataset
         ours_device = DeviceBatches(base.images.to(device), base.labels.to(device), batch_size, seed=0,
-                                    position=lambda n: (0, 0))
+                                    position=lambda n, per_batch: (0, 0))
         tv = UncheckedCIFAR10(tmp, train=True, download=False, transform=T.Compose([
             T.RandomCrop(32, padding=4, padding_mode="reflect"), T.RandomHorizontalFlip(), T.ToTensor(),
             T.Normalize(CIFAR10_MEAN, CIFAR10_STD)]))

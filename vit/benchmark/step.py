@@ -37,7 +37,7 @@ def bench_training_step(preset: str, batch_size: int, device: torch.device, dtyp
     n = batch_size * (steps + 3)
     images = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, device=device)
     labels = torch.randint(0, 10, (n,), device=device)
-    batches = iter(DeviceBatches(images, labels, batch_size, seed=0, position=lambda n: (0, 0)))
+    batches = iter(DeviceBatches(images, labels, batch_size, seed=0, position=lambda n, per_batch: (0, 0)))
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
 
     def step():
