@@ -648,7 +648,9 @@ def test_submit_moves_a_record_of_another_command_aside_and_the_table_leaves_it_
     assert f"[plan] two/b-s0: its record is of another command (model.arch.depth 1 → 2): moved aside to {aside}; " \
            "it runs again" in out and "[plan] 2 of 3 runs have their records: those are skipped" in out
     assert (aside / "checkpoints").is_dir() and json.loads((aside / "results.json").read_text())["configuration"] == wrong
-    assert not (runs / "two" / "b-s0").exists() and (runs / "two" / "a-s0" / "results.json").is_file()
+    # b-s0 starts anew: its folder holds only what the plan starts it with (plan.json), a-s0 keeps its record
+    assert sorted(p.name for p in (runs / "two" / "b-s0").iterdir()) == ["plan.json"]
+    assert (runs / "two" / "a-s0" / "results.json").is_file()
 
 
 def test_with_a_results_folder_a_copy_of_another_command_moves_aside_and_a_committed_record_stays(tmp_path, capsys):
