@@ -456,7 +456,7 @@ def test_runs_at_once_are_refused_beyond_this_processes_cores_or_with_gpus_and_e
         def wait(self):
             return 0
 
-    monkeypatch.setattr(plans.subprocess, "Popen", Started)
+    monkeypatch.setattr(plans.run_here.subprocess, "Popen", Started)
     three = write(tmp_path / "three.yaml", "args: [--config, smoke]\nseeds: [0, 1, 2]\nresources: {at_once: 2}\n"
                                            "runs: [{name: a}]\n")
     assert plans.Runner(fake_cifar, tmp_path / "runs", check_command=ArgumentCheck()).run_plan(plans.load(three))

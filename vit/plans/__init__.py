@@ -46,8 +46,6 @@ folder aside to ``RUNS/TABLE/NAME.replaced-N/``, saying what differs, and run it
 record out and says so. A record from before records kept their configuration counts as its run's.
 """
 
-import subprocess  # noqa: F401  (tests patch plans.subprocess.Popen)
-
 from vit.plans.inputs import make_quick_data
 from vit.plans.plan_file import (DATA, EXPERIMENTS, NAME, PLAN_KEYS, REPO, RESOURCE_KEYS, RUN_KEYS, STOPPED, Benchmark,
                                  Plan, PlanFailed, PlanStopped, Run, find, load, load_all, max_time)
