@@ -2,6 +2,7 @@
 continues from its newest checkpoint (`--ckpt_path last`) to exactly the uninterrupted run's weights
 (vit.resume), in its own run folder and W&B run."""
 
+import multiprocessing
 import re
 
 import pytest
@@ -94,6 +95,8 @@ def test_resume_from_an_epoch_end_and_from_mid_epoch_is_exact_whichever_is_on(so
     assert a["global_step"] == 16 and a["schedule"]["share"] == 1.0
     assert any(k.startswith("ema.module.") for k in a["state_dict"])
     assert_same_training_state(a, b)
+    # the loaders' persistent workers ended with their stage (a crashed run's, too), not at garbage collection
+    assert not multiprocessing.active_children()
 
 
 def test_a_crash_in_an_epochs_validation_resumes_to_that_validation(tmp_path, fake_cifar_session, monkeypatch):

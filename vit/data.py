@@ -357,6 +357,17 @@ class SkipUnreadable:
     def __len__(self) -> int:
         return len(self.loader)
 
+    # Lightning ends a stage by shutting down its loaders' persistent workers (its CombinedLoader.reset reads and
+    # clears a loader's `_iterator`): this hands it the wrapped loader's. Without it the workers outlive the
+    # stage until the wrapper is garbage-collected, and their shutdown then waits 5 s for each.
+    @property
+    def _iterator(self):
+        return self.loader._iterator
+
+    @_iterator.setter
+    def _iterator(self, iterator) -> None:
+        self.loader._iterator = iterator
+
     def _agree(self, unreadable: bool) -> bool:
         """Whether any process's batch is unreadable: one all-reduce, issued by every process for every batch."""
         import torch.distributed as dist
