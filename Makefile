@@ -135,14 +135,20 @@ data: install
 train: install
 	$(BIN)/python scripts/train.py $(ARGS)
 
+# The tests run in TEST_PROCESSES processes at once (pytest-xdist; default: one per core, at most 4), each
+# test file in one process; TEST_PROCESSES=0 runs them in this one, in order.
+TEST_PROCESSES ?= auto
+XDIST = -n $(TEST_PROCESSES) --maxprocesses 4 --dist loadfile
+PYTEST = $(BIN)/python -m pytest -q $(XDIST)
+
 # Every check but the multi-process ones and the long ones (every README command runs here once)
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q --ignore=tests/cluster -m "not long" $(ARGS)
+	$(PYTEST) --ignore=tests/cluster -m "not long" $(ARGS)
 
 # The long checks (pytest's mark "long" in pyproject.toml: torch.compile's recipes with a cold cache, make
 # figures over every plan, the bf16 recipes, ...). CI runs them after make test.
 test-long: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q --ignore=tests/cluster -m long $(ARGS)
+	$(PYTEST) --ignore=tests/cluster -m long $(ARGS)
 
 # pyproject's lower bounds: a venv of its own (LOWEST, default .venv-lowest) with every direct dependency at
 # its lowest allowed version (torch and torchvision: the tested pair below), then the tests of README's
@@ -156,7 +162,7 @@ test-lowest: $(VENV)/.installed-dev
 	$(BIN)/python scripts/lowest_versions.py $(LOWEST_TORCH) > $(LOWEST)/lowest.txt
 	$(LOWEST)/bin/python -m pip install --quiet -r $(LOWEST)/lowest.txt -e .
 	$(LOWEST)/bin/python -m pip check
-	$(LOWEST)/bin/python -m pytest -q -p no:cacheprovider -m "not long" $(LOWEST_TESTS) $(ARGS)
+	$(LOWEST)/bin/python -m pytest -q $(XDIST) -p no:cacheprovider -m "not long" $(LOWEST_TESTS) $(ARGS)
 
 # Multi-process runs: DDP with the defaults, torchrun across two "nodes", and jobs submitted to SLURM
 # (scripts/slurm/local_cluster.sh starts a one-node cluster here; without sbatch those are skipped).
