@@ -135,10 +135,11 @@ data: install
 train: install
 	$(BIN)/python scripts/train.py $(ARGS)
 
-# The tests run in TEST_PROCESSES processes at once (pytest-xdist; default: one per core, at most 4), each
-# test file in one process; TEST_PROCESSES=0 runs them in this one, in order.
+# The tests run in TEST_PROCESSES processes at once (pytest-xdist), each test file in one process: by
+# default one per CPU this process may use, at most 4; TEST_PROCESSES=0 (or empty) runs them in this one,
+# in order.
 TEST_PROCESSES ?= auto
-XDIST = -n $(TEST_PROCESSES) --maxprocesses 4 --dist loadfile
+XDIST = -n $(or $(TEST_PROCESSES),0) $(if $(filter auto,$(TEST_PROCESSES)),--maxprocesses 4) --dist loadfile
 PYTEST = $(BIN)/python -m pytest -q $(XDIST)
 
 # Every check but the multi-process ones and the long ones (every README command runs here once)

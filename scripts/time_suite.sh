@@ -6,7 +6,9 @@
 # cache; each time is written to results/suite/COMMIT-rROUND.json (or RESULTS=DIR) with the machine and the
 # command. ARGS="..." adds pytest arguments (a test runs it on one test file). TARGETS="..." times those
 # make targets one after the other in each clone (default: test), each in the record; with test-cluster,
-# the one-node SLURM cluster of scripts/slurm/local_cluster.sh is started first (root), as .ci/run does:
+# the one-node SLURM cluster of scripts/slurm/local_cluster.sh is started first (root), as .ci/run does
+# (test-lowest's time includes making its venv, as on CI). The record says how many test processes ran
+# (test_processes: TEST_PROCESSES, default auto; 1 for a commit whose Makefile runs them in one):
 #   TARGETS="test test-long test-lowest test-cluster" bash scripts/time_suite.sh 1 HEAD     .ci/run, per target
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -24,6 +26,7 @@ for round in $(seq 1 "$rounds"); do
     git clone -q "$repo" "$clone" && git -C "$clone" checkout -q "$c"
     make -C "$clone" install >"$work/install.log" 2>&1 || { cat "$work/install.log" >&2; exit 1; }
     times="$work/times.tsv"; : > "$times"
+    processes=1; if grep -q '^TEST_PROCESSES' "$clone/Makefile"; then processes="${TEST_PROCESSES-auto}"; fi
     for target in ${TARGETS:-test}; do
       if [[ "$target" == test-cluster ]]; then
         start=$(date +%s.%N); status=0
@@ -31,15 +34,16 @@ for round in $(seq 1 "$rounds"); do
         printf 'local_cluster.sh\tbash scripts/slurm/local_cluster.sh\t%s\t%s\t%s\t\n' "$start" "$(date +%s.%N)" "$status" >> "$times"
       fi
       start=$(date +%s.%N); status=0
-      TORCHINDUCTOR_CACHE_DIR="$clone/.inductor" make -C "$clone" "$target" ARGS="$args" >"$clone/$target.log" 2>&1 || status=$?
+      TORCHINDUCTOR_CACHE_DIR="$clone.inductor" make -C "$clone" "$target" ARGS="$args" >"$clone/$target.log" 2>&1 || status=$?
       end=$(date +%s.%N)
-      summary="$(grep -E '[0-9]+ (passed|failed)' "$clone/$target.log" | tail -n 1 | tr -d '=' | sed 's/^ *//; s/ *$//')"
-      printf "%s\tmake %s ARGS='%s'\t%s\t%s\t%s\t%s\n" "$target" "$target" "$args" "$start" "$end" "$status" "$summary" >> "$times"
+      summary="$({ grep -E '[0-9]+ (passed|failed|deselected)' "$clone/$target.log" || true; } | tail -n 1 | tr -d '=' | sed 's/^ *//; s/ *$//')"
+      printf "%s\tmake %s ARGS=%s\t%s\t%s\t%s\t%s\n" "$target" "$target" "$(python3 -c 'import shlex, sys; print(shlex.quote(sys.argv[1]))' "$args")" \
+        "$start" "$end" "$status" "$summary" >> "$times"
     done
-    python3 - "$results/$c-r$round.json" "$c" "$round" "$times" <<'EOF'
+    python3 - "$results/$c-r$round.json" "$c" "$round" "$times" "$processes" <<'EOF'
 import json, os, platform, sys
 from datetime import datetime, timezone
-out, commit, rnd, times = sys.argv[1:]
+out, commit, rnd, times, processes = sys.argv[1:]
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.machine())
 targets = []
 for line in open(times).read().splitlines():
@@ -50,13 +54,14 @@ made = [t for t in targets if t["target"] != "local_cluster.sh"]
 record = {"row": f"make {' '.join(t['target'] for t in made)} at {commit}, repeat {rnd}",
           "command": " && ".join(t["command"] for t in targets), "commit": commit,
           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": cpu, "cpu": cpu,
-          "cpu_cores": len(os.sched_getaffinity(0)), "exit_status": max(t["exit_status"] for t in targets),
+          "cpu_cores": len(os.sched_getaffinity(0)), "test_processes": processes,
+          "exit_status": max(t["exit_status"] for t in targets),
           "wall_seconds": round(sum(t["seconds"] for t in targets), 1), "summary": made[0]["summary"]}
 if len(targets) > 1:  # each target's own time, command and summary
     record["targets"] = targets
 json.dump(record, open(out, "w"), indent=2)
 print(json.dumps(record))
 EOF
-    rm -rf "$clone"
+    rm -rf "$clone" "$clone.inductor"
   done
 done

@@ -172,3 +172,27 @@ def test_a_download_with_no_route_to_fashion_mnist_is_one_line(tmp_path, monkeyp
                            "does not answer") and line.endswith(f"in {tmp_path}/FashionMNIST/raw")
     assert not (tmp_path / "out").exists()
 
+
+
+def test_lightning_ends_the_folder_loaders_workers_with_its_stage_and_the_loader_reads_again():
+    """SkipUnreadable hands Lightning the wrapped loader's iterator: CombinedLoader.reset (what Lightning calls
+    when a stage ends, a crashed one too) ends the persistent workers, and the loader then reads every batch
+    again, with workers of its own until the next reset."""
+    import multiprocessing
+
+    from lightning.pytorch.utilities import CombinedLoader
+    from torch.utils.data import DataLoader
+
+    from vit.data import SkipUnreadable
+
+    before = set(multiprocessing.active_children())
+    wrapped = SkipUnreadable(DataLoader(list(range(8)), batch_size=2, num_workers=1, persistent_workers=True), None)
+    for _ in range(2):
+        combined = CombinedLoader(wrapped, "max_size_cycle")
+        next(iter(combined))  # mid-epoch, as a stage that stops or crashes leaves it
+        assert set(multiprocessing.active_children()) > before
+        combined.reset()
+        assert set(multiprocessing.active_children()) <= before
+        assert [batch.tolist() for batch in wrapped] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    combined.reset()
+    assert set(multiprocessing.active_children()) <= before

@@ -105,3 +105,25 @@ def test_the_library_never_imports_a_command():
     upward = sorted(f"{name} imports {m}" for name, path in MODULES.items() if not name.startswith("vit.commands")
                     for m in imports(path) if m.startswith("vit.commands"))
     assert not upward, upward
+
+
+def test_commands_without_a_model_start_without_torch_and_the_packages_names_still_import():
+    """vit-plan, vit-sync and vit-figures (a table, a plan's show on a login node) do not import torch, Lightning
+    or wandb when they start; `from vit import VisionTransformer` and the other public names load on use."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "import vit.commands.plan, vit.commands.sync, vit.commands.figures\n"
+            "assert not {'torch', 'lightning', 'wandb'} & set(sys.modules), sorted({'torch', 'lightning', 'wandb'} & set(sys.modules))\n"
+            "import vit\n"
+            "from vit import VisionTransformer, attention_rollout, create_model\n"
+            "assert VisionTransformer.__module__ == 'vit.model' and set(vit.__all__) <= set(dir(vit))\n"
+            "try:\n"
+            "    vit.no_such_name\n"
+            "except AttributeError as e:\n"
+            "    assert 'no_such_name' in str(e)\n"
+            "else:\n"
+            "    raise AssertionError('vit.no_such_name')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,6 +1,12 @@
 """vit: the standard Vision Transformer, trained with Lightning."""
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the names, for type checkers and editors
+    from vit.model import (PRESETS, ViTConfig, VisionTransformer, create_model, load_timm_state_dict,
+                           timm_state_dict_to_vit)
+    from vit.rollout import attention_rollout
 
 # Each public name is imported when first used (PEP 562), so that commands without a model (vit-plan,
 # vit-sync, vit-figures' rendering) start without importing torch.

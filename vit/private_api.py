@@ -26,8 +26,9 @@ PRIVATE_USES = (
      "(a time budget) to lay warmup in epochs; Lightning computes it in the fit loop's setup_data, which it "
      "calls only after configure_optimizers in that case"),
     ("vit/data.py", "DataLoader._iterator", "SkipUnreadable (a wrapper of the image folders' DataLoader) forwards "
-     "the loader's _iterator, which Lightning reads and clears to shut the persistent workers down when a stage "
-     "ends; torch has no public call that ends a DataLoader's workers"),
+     "the loader's _iterator, which Lightning (CombinedLoader.reset, its _shutdown_workers_and_reset_iterator) "
+     "reads and clears to shut the persistent workers down when a stage ends; torch has no public call that ends "
+     "a DataLoader's workers"),
     ("vit/progress.py", "ModelSummary.summarize", "the model summary adds the notes' FLOPs per image under "
      "Lightning's table: ModelSummary.summarize is the callback's own (undocumented) printing step"),
     ("vit/cifar.py", "numpy._core.multiarray", "the restricted unpickler of CIFAR-10's files allows numpy's array "
