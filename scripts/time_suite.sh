@@ -36,6 +36,7 @@ for round in $(seq 1 "$rounds"); do
       start=$(date +%s.%N); status=0
       TORCHINDUCTOR_CACHE_DIR="$clone.inductor" make -C "$clone" "$target" ARGS="$args" >"$clone/$target.log" 2>&1 || status=$?
       end=$(date +%s.%N)
+      if (( status )); then echo "make $target in $clone ended with exit $status:" >&2; tail -n 30 "$clone/$target.log" >&2; fi
       summary="$({ grep -E '[0-9]+ (passed|failed|deselected)' "$clone/$target.log" || true; } | tail -n 1 | tr -d '=' | sed 's/^ *//; s/ *$//')"
       printf "%s\tmake %s ARGS=%s\t%s\t%s\t%s\t%s\n" "$target" "$target" "$(python3 -c 'import shlex, sys; print(shlex.quote(sys.argv[1]))' "$args")" \
         "$start" "$end" "$status" "$summary" >> "$times"

@@ -41,6 +41,8 @@ def test_the_suite_timing_table_is_its_records():
         assert row is not None, f"{path.name} has no row"
         assert f"{record['wall_seconds']:.0f} s" in row and record["summary"].split(" in ")[0] in row, row
         assert record["exit_status"] == 0 and "failed" not in record["summary"], row
+        for target in record.get("targets", []):  # a record of several targets: each one's time, in the row
+            assert f"{target['target']} {target['seconds']:.0f} s" in row and target["exit_status"] == 0, row
     assert table.count("../results/suite/") == len(records)
 
 

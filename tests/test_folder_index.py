@@ -156,3 +156,19 @@ def test_the_index_lists_images_in_image_folders_order(folders):
     theirs = ImageFolder(str(folders / "train"), is_valid_file=lambda p: p.lower().endswith(
         tuple(vit.folder_index.IMAGE_SUFFIXES)))
     assert samples["train"] == theirs.samples and len(samples["train"]) == 18 and list(samples) == ["train"]
+
+
+def test_a_process_waiting_for_process_zeros_index_says_so_until_it_comes(capsys):
+    """The other processes of a run wait for process 0's folder index (a first start checks every image):
+    each says so at every interval (a minute in a run), and stops saying it once the index came."""
+    import time
+
+    from vit.folder_index import _Every
+
+    waiting = _Every(0.05, "process 1: still waiting for process 0's folder index")
+    time.sleep(0.3)
+    waiting.stop()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines and all(line.startswith("process 1: still waiting for process 0's folder index (") for line in lines)
+    time.sleep(0.2)
+    assert capsys.readouterr().err == ""

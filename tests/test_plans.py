@@ -185,6 +185,7 @@ runs:
     assert "--index 6: the plan has runs 0 to 5" in capsys.readouterr().err
 
 
+@pytest.mark.long
 def test_a_users_plan_runs_here_in_one_wandb_group_and_its_table_has_mean_and_spread(tmp_path, fake_cifar):
     """2 changes × 2 seeds at toy scale, W&B on (offline: no credentials), as a user runs it from the shell."""
     plan = tiny_plan(tmp_path / "wd-grid.yaml")
@@ -251,6 +252,7 @@ def test_a_table_leaves_out_a_missing_value_and_names_a_torn_record_in_one_line(
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
+@pytest.mark.long
 def test_the_commands_of_docs_experiments_run_as_a_user_types_them(tmp_path):
     """docs/experiments.md's show, submit --dry-run and table, as subprocesses."""
     def plan(*args):

@@ -28,6 +28,7 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+@pytest.mark.long
 def test_a_full_disk_is_one_line_and_the_resume_after_freeing_space_is_exact(tmp_path, small_disk,
                                                                           fake_cifar_session, capsys, monkeypatch):
     """The disk fills at the start of epoch 1 of 2: the epoch's checkpoint cannot be written. One line names

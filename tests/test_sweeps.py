@@ -122,6 +122,7 @@ def test_a_bad_value_from_a_sweep_is_one_line_and_exit_2(macro, tmp_path, monkey
     assert not (tmp_path / "runs").exists()  # refused before any work
 
 
+@pytest.mark.long
 def test_a_sweep_run_trains_end_to_end(tmp_path, fake_cifar_session, monkeypatch):
     """The agent's ${args} command as it starts it: `/usr/bin/env python scripts/train.py ...` in the
     agent's environment, with the venv's python first on PATH, as an activated venv has it (progress bar

@@ -97,6 +97,7 @@ def test_smoke_run_logs_to_one_offline_wandb_run(smoke_run):
     assert "class_path: vit.callbacks.Throughput" in (run / "config.yaml").read_text()  # ThroughputMonitor is on
 
 
+@pytest.mark.long
 def test_the_keys_training_md_names_are_the_ones_w_and_b_gets(smoke_run, tmp_path, monkeypatch):
     """The smoke run's offline W&B run, uploaded by vit-sync to a stand-in server: every key it plots is in
     docs/training.md's table of metrics, as is every key of metrics.csv; every key the table names is
@@ -403,7 +404,7 @@ def test_time_budget_schedule_ends_at_min_lr(tmp_path, fake_cifar_session, caplo
 
     lr = [v for _, v in report.read_metrics(tmp_path / "runs/smoke/version_0/metrics.csv")["lr-AdamW/pg1"]]
     peak = 2e-3 * 50 / 128
-    assert len(lr) > 16 and max(lr) > 0.9 * peak  # more than two epochs, warmed up to the peak
+    assert len(lr) > 8 and max(lr) > 0.9 * peak  # more than one epoch (8 steps), warmed up to the peak
     assert lr[-1] < 1e-4 + 0.05 * (peak - 1e-4)  # and ended at the bottom of the cosine
 
 

@@ -18,6 +18,7 @@ import json
 import os
 import secrets
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -150,26 +151,50 @@ def index(root: Path, classes: list[str], path: Path | None, threads: int, say: 
 def from_process_zero(make: Callable[[], T]) -> T:
     """``make()`` run by process 0 only, its result (or its BadInput error) given to every process. One
     broadcast, on a gloo group of its own without a practical time limit (as Lightning's prepare_data
-    barrier): the others wait for as long as process 0 checks images; if process 0 dies, the broadcast
-    fails on the others at once (its connection closes), never a silent hang."""
+    barrier): the others wait for as long as process 0 checks images, and say so once a minute; if process 0
+    dies, the broadcast fails on the others at once (its connection closes), never a silent hang."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
         return make()
     group = dist.new_group(backend="gloo", timeout=timedelta(days=10))  # every process, in the same order
     box: list = [None]
+    rank = dist.get_rank()
+    # a long wait is said, once a minute (process 0 says what it does: its index read, or every image checked)
+    waiting = None if rank == 0 else _Every(60.0, f"process {rank}: still waiting for process 0's folder index")
     try:
-        if dist.get_rank() == 0:
+        if rank == 0:
             try:
                 box[0] = make()
             except BadInput as e:
                 box[0] = e
         dist.broadcast_object_list(box, src=0, group=group)
     finally:
+        if waiting is not None:
+            waiting.stop()
         dist.destroy_process_group(group)
     if isinstance(box[0], BadInput):
         raise box[0]
     return box[0]
+
+
+class _Every:
+    """``line`` on stderr every ``seconds`` from a daemon thread, with the minutes waited, until stop()."""
+
+    def __init__(self, seconds: float, line: str):
+        self.seconds, self.line, self.done = seconds, line, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        waited = 0.0
+        while not self.done.wait(self.seconds):
+            waited += self.seconds
+            say_on_stderr(f"{self.line} ({waited / 60:.0f} min)")
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()  # (no line after this returns)
 
 
 def say_on_stderr(line: str) -> None:
