@@ -159,9 +159,11 @@ def from_process_zero(make: Callable[[], T]) -> T:
         return make()
     group = dist.new_group(backend="gloo", timeout=timedelta(days=10))  # every process, in the same order
     box: list = [None]
-    rank = dist.get_rank()
-    # a long wait is said, once a minute (process 0 says what it does: its index read, or every image checked)
-    waiting = None if rank == 0 else _Every(60.0, f"process {rank}: still waiting for process 0's folder index")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    # a long wait is said once a minute, by process 1 for all the others (process 0 says what it does: its
+    # index read, or every image checked), so that a job's one log gets one line a minute
+    others = "process 1" if world == 2 else f"processes 1 to {world - 1}"
+    waiting = _Every(60.0, f"{others}: still waiting for process 0's folder index") if rank == 1 else None
     try:
         if rank == 0:
             try:
@@ -183,7 +185,7 @@ class _Every:
 
     def __init__(self, seconds: float, line: str):
         self.seconds, self.line, self.done = seconds, line, threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread = threading.Thread(target=self._run, name="vit-index-wait", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
