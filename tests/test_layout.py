@@ -81,9 +81,6 @@ def test_test_modules_share_through_helpers_only():
 def test_importing_the_package_leaves_global_state_alone():
     """Warning filters, logging filters and PIL's settings are the program's: the commands set what they need
     when they run (vit.commands.train.quiet_third_party), no module of the package does on import."""
-    import subprocess
-    import sys
-
     modules = sorted(MODULES)
     code = ("import logging, warnings, PIL.Image as I, PIL.ImageFile as F\n"
             "import lightning, timm, torchvision, matplotlib, jsonargparse, torchmetrics, safetensors\n"
@@ -96,6 +93,14 @@ def test_importing_the_package_leaves_global_state_alone():
             "after = state()\n"
             "assert after[:3] == before[:3] and {n: k for n, k in after[3] if k} == {n: k for n, k in before[3] if k}, "
             "(before[:3], after[:3])\n")
+    python_ok(code)
+
+
+def python_ok(code: str) -> None:
+    """``code`` in a fresh Python process (nothing imported yet): it must end with exit 0."""
+    import subprocess
+    import sys
+
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -110,9 +115,6 @@ def test_the_library_never_imports_a_command():
 def test_commands_without_a_model_start_without_torch_and_the_packages_names_still_import():
     """vit-plan, vit-sync and vit-figures (a table, a plan's show on a login node) do not import torch, Lightning
     or wandb when they start; `from vit import VisionTransformer` and the other public names load on use."""
-    import subprocess
-    import sys
-
     code = ("import sys\n"
             "import vit.commands.plan, vit.commands.sync, vit.commands.figures\n"
             "assert not {'torch', 'lightning', 'wandb'} & set(sys.modules), sorted({'torch', 'lightning', 'wandb'} & set(sys.modules))\n"
@@ -125,5 +127,4 @@ def test_commands_without_a_model_start_without_torch_and_the_packages_names_sti
             "    assert 'no_such_name' in str(e)\n"
             "else:\n"
             "    raise AssertionError('vit.no_such_name')\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    python_ok(code)
