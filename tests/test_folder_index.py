@@ -5,6 +5,7 @@ not one this version wrote for this state."""
 import json
 import logging
 import os
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -176,3 +177,23 @@ def test_a_process_waiting_for_process_zeros_index_says_so_until_it_comes(capsys
                                    for line in lines), lines
     time.sleep(0.2)
     assert capsys.readouterr().err == ""
+
+
+def test_the_state_is_the_same_however_the_folder_is_named_and_changes_with_a_file(folders, tmp_path, monkeypatch):
+    """The digest hashes each file's path relative to the folder: the folder named absolutely, relatively, from
+    inside, with ./ or .. in it, or copied elsewhere with its times, is one state; a renamed file is another."""
+    import shutil
+
+    classes = ["blue", "red"]
+    _, digest = vit.folder_index.walk(folders, classes)
+    monkeypatch.chdir(tmp_path)
+    names = [vit.folder_index.walk(p, classes)[1] for p in (Path("photos"), Path("./photos/"), Path("photos/../photos"))]
+    monkeypatch.chdir(folders)
+    names.append(vit.folder_index.walk(Path("."), classes)[1])
+    shutil.copytree(folders, tmp_path / "copied" / "photos")  # (copy2: times kept)
+    names.append(vit.folder_index.walk(tmp_path / "copied" / "photos", classes)[1])
+    assert names == [digest] * 5
+    red = folders / "train" / "red"
+    first = sorted(red.glob("*.png"))[0]
+    first.rename(first.with_name("renamed.png"))
+    assert vit.folder_index.walk(folders, classes)[1] != digest
