@@ -153,17 +153,17 @@ test-long: $(VENV)/.installed-dev
 
 # pyproject's lower bounds: a venv of its own (LOWEST, default .venv-lowest) with every direct dependency at
 # its lowest allowed version (torch and torchvision: the tested pair below), then the tests of README's
-# commands in it. CI runs it after make test-long.
+# commands and of vit-sync in it, with the long ones marked `lowest`. CI runs it after make test-long.
 LOWEST       ?= .venv-lowest
 LOWEST_TORCH ?= torch==2.14.1 torchvision==0.29.1
 LOWEST_TESTS ?= tests/test_train.py tests/test_classify.py tests/test_rollout.py tests/test_hub.py \
-  tests/test_demo.py tests/test_folders.py
+  tests/test_demo.py tests/test_folders.py tests/test_sync.py
 test-lowest: $(VENV)/.installed-dev
 	test -x $(LOWEST)/bin/python || $(PYTHON) -m venv $(LOWEST)
 	$(BIN)/python scripts/lowest_versions.py $(LOWEST_TORCH) > $(LOWEST)/lowest.txt
 	$(LOWEST)/bin/python -m pip install --quiet -r $(LOWEST)/lowest.txt -e .
 	$(LOWEST)/bin/python -m pip check
-	$(LOWEST)/bin/python -m pytest -q $(XDIST) -p no:cacheprovider -m "not long" $(LOWEST_TESTS) $(ARGS)
+	$(LOWEST)/bin/python -m pytest -q $(XDIST) -p no:cacheprovider -m "not long or lowest" $(LOWEST_TESTS) $(ARGS)
 
 # Multi-process runs: DDP with the defaults, torchrun across two "nodes", and jobs submitted to SLURM
 # (scripts/slurm/local_cluster.sh starts a one-node cluster here; without sbatch those are skipped).

@@ -99,6 +99,7 @@ def test_uploads_what_is_not_uploaded_and_only_that(tmp_path, monkeypatch, wandb
 
 
 @pytest.mark.long
+@pytest.mark.lowest  # (wandb's lower bound: pyproject.toml)
 def test_a_refused_upload_fails_and_is_tried_again(tmp_path, monkeypatch, wandb_server):
     """A server that refuses (403 to every GraphQL call): no mark, exit 1 naming the run; the next call uploads it."""
     env = environment(monkeypatch, wandb_server, tmp_path)

@@ -98,6 +98,7 @@ def test_smoke_run_logs_to_one_offline_wandb_run(smoke_run):
 
 
 @pytest.mark.long
+@pytest.mark.lowest  # (wandb's lower bound: pyproject.toml)
 def test_the_keys_training_md_names_are_the_ones_w_and_b_gets(smoke_run, tmp_path, monkeypatch):
     """The smoke run's offline W&B run, uploaded by vit-sync to a stand-in server: every key it plots is in
     docs/training.md's table of metrics, as is every key of metrics.csv; every key the table names is
