@@ -7,6 +7,7 @@ from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 import vit
 from vit.model import Block, ViTConfig
+from learned import steps_to_fit_random_labels
 
 CONFIGS = [
     dict(image_size=32, patch_size=4, in_channels=3, num_classes=10, dim=48, depth=2, heads=3),
@@ -253,20 +254,8 @@ def test_initialisation_follows_timm(patch_size, in_channels):
 
 
 def test_tiny_model_overfits_random_labels():
+    """95 % of 64 random labels within 300 steps (tests/learned.py), seed 0; the worst of 12 seeds in
+    results/test-margins/learned.json (`python tests/learned.py --seeds 12`) got there by step 25, the first check."""
     torch.set_num_threads(1)  # a tiny model's ops: one thread, not two waiting on each other (conftest restores it)
-    torch.manual_seed(0)
-    x = torch.randn(64, 3, 16, 16)
-    y = torch.randint(0, 10, (64,))
-    model = vit.VisionTransformer(vit.ViTConfig(image_size=16, patch_size=4, dim=64, depth=2, heads=4))
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
-    for step in range(300):
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if step % 25 == 24:
-            with torch.no_grad():
-                acc = (model(x).argmax(-1) == y).float().mean().item()
-            if acc >= 0.95:
-                break
-    assert acc >= 0.95, f"train accuracy {acc:.2f} after {step + 1} steps"
+    steps = steps_to_fit_random_labels(0)
+    assert steps is not None, "train accuracy below 95 % after 300 steps"
