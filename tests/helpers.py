@@ -117,6 +117,16 @@ def run_here(script, *args):
     return subprocess.CompletedProcess(script, code, out.getvalue(), err.getvalue())
 
 
+def sync_here(*args, timeout: float = 300):
+    """vit-sync's main() in this process (``run_here``), its `wandb sync` killed after ``timeout`` seconds: a
+    wandb that never ends fails the test (subprocess.TimeoutExpired) instead of stalling the suite."""
+    import functools
+
+    with pytest.MonkeyPatch.context() as patch:  # (subprocess.run, as vit.sync calls it, for this call only)
+        patch.setattr(subprocess, "run", functools.partial(subprocess.run, timeout=timeout))
+        return run_here("sync.py", *args)
+
+
 def assert_same_training_state(a: dict, b: dict) -> None:
     assert a["global_step"] == b["global_step"] and a["epoch"] == b["epoch"]
     for key, value in a["state_dict"].items():

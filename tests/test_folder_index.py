@@ -179,15 +179,32 @@ def test_a_process_waiting_for_process_zeros_index_says_so_until_it_comes(capsys
     assert capsys.readouterr().err == ""
 
 
+def relpath_digest(root, classes):
+    """The folder's state as its first version hashed it, each path through os.path.relpath: an index file
+    written then stays valid."""
+    import hashlib
+    import json
+
+    samples, _ = vit.folder_index.walk(root, classes)
+    digest = hashlib.sha256(json.dumps([vit.folder_index.FORMAT, classes]).encode())
+    for path, _ in (sample for split in samples.values() for sample in split):
+        st = os.stat(path)
+        digest.update(f"{os.path.relpath(path, root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
 def test_the_state_is_the_same_however_the_folder_is_named_and_changes_with_a_file(folders, tmp_path, monkeypatch):
-    """The digest hashes each file's path relative to the folder: the folder named absolutely, relatively, from
-    inside, with ./ or .. in it, or copied elsewhere with its times, is one state; a renamed file is another."""
+    """The digest hashes each file's path relative to the folder, as os.path.relpath gives it: the folder
+    named absolutely, relatively, from inside, with .. in it, through a symbolic link, or copied elsewhere
+    with its times, is one state; a renamed file is another."""
     import shutil
 
     classes = ["blue", "red"]
     _, digest = vit.folder_index.walk(folders, classes)
+    assert digest == relpath_digest(folders, classes)
+    (tmp_path / "link").symlink_to(folders, target_is_directory=True)
     monkeypatch.chdir(tmp_path)
-    names = [vit.folder_index.walk(p, classes)[1] for p in (Path("photos"), Path("./photos/"), Path("photos/../photos"))]
+    names = [vit.folder_index.walk(p, classes)[1] for p in (Path("photos"), Path("link/../photos"), Path("link"))]
     monkeypatch.chdir(folders)
     names.append(vit.folder_index.walk(Path("."), classes)[1])
     shutil.copytree(folders, tmp_path / "copied" / "photos")  # (copy2: times kept)
@@ -196,4 +213,4 @@ def test_the_state_is_the_same_however_the_folder_is_named_and_changes_with_a_fi
     red = folders / "train" / "red"
     first = sorted(red.glob("*.png"))[0]
     first.rename(first.with_name("renamed.png"))
-    assert vit.folder_index.walk(folders, classes)[1] != digest
+    assert vit.folder_index.walk(folders, classes)[1] != digest == relpath_digest(tmp_path / "copied" / "photos", classes)

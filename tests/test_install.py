@@ -426,7 +426,8 @@ def test_time_suite_times_make_test_in_a_fresh_clone_and_writes_its_record(tmp_p
     usage = subprocess.run(["bash", str(ROOT / "scripts" / "time_suite.sh"), "HEAD"], capture_output=True, text=True)
     assert usage.returncode == 2 and "usage: bash scripts/time_suite.sh ROUNDS COMMIT..." in usage.stderr
     run = subprocess.run(["bash", str(ROOT / "scripts" / "time_suite.sh"), "1", "HEAD"], capture_output=True, text=True,
-                         env={**os.environ, "RESULTS": str(tmp_path), "ARGS": "tests/test_layout.py -k import_cycles"},
+                         env={**os.environ, "RESULTS": str(tmp_path), "ARGS": "tests/test_layout.py -k import_cycles",
+                              "TARGETS": "test"},  # (not the TARGETS of a time_suite.sh that runs this test)
                          timeout=1200)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     (path,) = tmp_path.glob("*.json")

@@ -69,12 +69,23 @@ def top_level_names(path: Path) -> set[str]:
 
 
 def test_test_modules_share_through_helpers_only():
-    """tests/helpers.py holds what tests share; no test module imports another, nor conftest."""
+    """tests/helpers.py (and tests/learned.py, the trainings of learned-quality tests) hold what tests share;
+    no test module imports another, nor conftest."""
     crossing = sorted(f"{path.relative_to(ROOT)}: {node.module}" for path in (ROOT / "tests").rglob("*.py")
                       for node in ast.walk(ast.parse(path.read_text()))
                       if isinstance(node, ast.ImportFrom) and node.module
                       and (node.module.startswith("test_") or node.module == "conftest"))
     assert not crossing, crossing
+
+
+def test_every_test_marked_lowest_is_in_a_file_make_test_lowest_runs():
+    """A long test marked `lowest` proves a lower bound only if make test-lowest collects its file."""
+    makefile = (ROOT / "Makefile").read_text()
+    listed = set(re.search(r"^LOWEST_TESTS \?=((?:.*\\\n)*.*)$", makefile, re.M).group(1).replace("\\\n", " ").split())
+    marked = {str(path.relative_to(ROOT)) for path in (ROOT / "tests").glob("test_*.py")
+              if re.search(r"^@pytest\.mark\.lowest\b", path.read_text(), re.M)}
+    assert marked and marked <= listed, marked - listed
+    assert '-m "not long or lowest" $(LOWEST_TESTS)' in makefile
 
 
 @pytest.mark.long

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import fake_wandb, run_here
+from helpers import fake_wandb, sync_here
 
 KEY = "0123456789abcdef0123456789abcdef01234567"  # (a stand-in's key: wandb checks its form, the server nothing)
 
@@ -71,13 +71,13 @@ def test_uploads_what_is_not_uploaded_and_only_that(tmp_path, monkeypatch, wandb
     a, b, c = (tmp_path / "runs" / name / "version_0" for name in ("small", "fast", "late"))
     log_offline({a: 2.5, b: 1.5, c: 0.5}, env)
 
-    dry = run_here("sync.py", "--dry-run", "runs/small", "runs/fast")
+    dry = sync_here("--dry-run", "runs/small", "runs/fast")
     assert dry.returncode == 0 and wandb_server.runs == {}, dry.stderr
     listed = sorted(f"  {offline(r).relative_to(tmp_path)}" for r in (a, b))
     said = dry.stdout.splitlines()
     assert said[0] == "would upload 2 offline W&B runs of 2 under runs/small, runs/fast:" and sorted(said[1:]) == listed
 
-    first = run_here("sync.py", "runs/small", "runs/fast")
+    first = sync_here("runs/small", "runs/fast")
     assert first.returncode == 0, first.stdout + first.stderr
     assert uploaded(wandb_server) == {run_id(a): [2.5, 0.0], run_id(b): [1.5, 0.0]}
     assert all(log.with_name(log.name + ".synced").is_file() for r in (a, b) for log in offline(r).glob("*.wandb"))
@@ -86,14 +86,14 @@ def test_uploads_what_is_not_uploaded_and_only_that(tmp_path, monkeypatch, wandb
     assert sorted(said[1:3]) == sorted(said[4:]) == listed
 
     wandb_server.runs.clear()
-    second = run_here("sync.py")  # (default: runs)
+    second = sync_here()  # (default: runs)
     assert second.returncode == 0, second.stdout + second.stderr
     assert uploaded(wandb_server) == {run_id(c): [0.5, 0.0]}
     assert second.stdout.splitlines()[:2] == ["uploading 1 offline W&B run of 3 under runs (2 uploaded before):",
                                               f"  {offline(c).relative_to(tmp_path)}"]
 
     wandb_server.runs.clear()
-    third = run_here("sync.py", "runs")
+    third = sync_here("runs")
     assert (third.returncode, third.stdout, wandb_server.runs) == (
         0, "nothing to upload: 3 offline W&B runs under runs, all uploaded\n", {})
 
@@ -106,12 +106,12 @@ def test_a_refused_upload_fails_and_is_tried_again(tmp_path, monkeypatch, wandb_
     run = tmp_path / "runs/small/version_0"
     log_offline({run: 2.5}, env)
     wandb_server.refuse = True
-    refused = run_here("sync.py")
+    refused = sync_here()
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert refused.stderr == (f"error: `wandb sync` did not upload 1 run (its lines above say why; run this command "
                               f"again to retry): {offline(run).relative_to(tmp_path)}\n")
     wandb_server.refuse = False
-    again = run_here("sync.py")
+    again = sync_here()
     assert again.returncode == 0 and uploaded(wandb_server) == {run_id(run): [2.5, 0.0]}, again.stderr
 
 
@@ -120,13 +120,13 @@ def test_no_credentials_or_no_folder_is_one_line_before_any_upload(tmp_path, mon
     run.mkdir(parents=True)
     (run / "run-abcd1234.wandb").write_bytes(b"")  # (found by its name; never read: nothing is uploaded)
     environment(monkeypatch, wandb_server, tmp_path, key=None)
-    no_key = run_here("sync.py")
+    no_key = sync_here()
     assert (no_key.returncode, no_key.stderr) == (2, f"error: no W&B credentials for http://127.0.0.1:"
                                                      f"{wandb_server.server_port}: run `wandb login` on this machine "
                                                      "(or set WANDB_API_KEY), then this command again\n")
-    assert run_here("sync.py", "--dry-run").stdout.startswith("would upload 1 offline W&B run of 1 under runs:")
+    assert sync_here("--dry-run").stdout.startswith("would upload 1 offline W&B run of 1 under runs:")
     environment(monkeypatch, wandb_server, tmp_path)
-    missing = run_here("sync.py", "scratch/runs")
+    missing = sync_here("scratch/runs")
     assert (missing.returncode, missing.stderr) == (
         2, "error: scratch/runs: no such folder (give the folder that holds the runs, e.g. runs)\n")
     assert wandb_server.runs == {} and not list(run.glob("*.synced"))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import (QUIET, ROOT, TEST_LINE, best_val_acc, digest, errors_of, fake_wandb, load, run_here, train,
+from helpers import (QUIET, ROOT, TEST_LINE, best_val_acc, digest, errors_of, fake_wandb, load, sync_here, train,
                      train_here, write_bad_files, write_images)
 
 
@@ -115,7 +115,7 @@ def test_the_keys_training_md_names_are_the_ones_w_and_b_gets(smoke_run, tmp_pat
                             "WANDB_API_KEY": "0123456789abcdef0123456789abcdef01234567", "no_proxy": "127.0.0.1",
                             "NO_PROXY": "127.0.0.1", "WANDB_SILENT": "true"}.items():
             monkeypatch.setenv(name, value)
-        synced = run_here("sync.py", cwd / "runs")
+        synced = sync_here(cwd / "runs")
         assert synced.returncode == 0, synced.stdout + synced.stderr
         (rows,) = server.runs.values()
     logged = {key for row in rows for key in row if not key.startswith("_")}
