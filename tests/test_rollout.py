@@ -87,11 +87,11 @@ def test_rollout_of_a_trained_model_finds_the_patch_that_decides():
     """A tiny ViT trained on the bright-patch task (tests/learned.py), seed 0: accuracy 1.00, rollout at the
     decisive patch 4.3× its mean, its argmax there for every image, gradient rollout 6.3× its mean. Over 24
     seeds (results/test-margins/learned.json, `python tests/learned.py --seeds 24`), 23 learn the task in
-    400 steps, and the thresholds keep a margin below the worst of those: accuracy 1.00 (> 0.9), rollout
-    3.1× (> 2), its argmax on the patch for 82 % of images (> 50 %; chance 6 %), gradient rollout 1.4× (> 1.2).
-    One seed (16) reaches 73 % in 400 steps and fails them all. One torch thread: a tiny model's ops are too
-    small to share out, and on a busy machine two threads waiting on each other took 35 times the CPU time
-    (conftest restores it)."""
+    400 steps, and the thresholds keep a margin below the worst of those (`worst_learned`): accuracy 1.00
+    (> 0.9), rollout 3.1× (> 2), its argmax on the patch for 82 % of images (> 50 %; chance 6 %), gradient
+    rollout 1.4× (> 1.2). One seed (16) reaches 73 % in 400 steps and fails three of the four (its argmax
+    share, 75 %, passes). One torch thread: a tiny model's ops are too small to share out, and on a busy
+    machine two threads waiting on each other took 35 times the CPU time (conftest restores it)."""
     torch.set_num_threads(1)
     figures = rollout_figures(0)
     assert figures["accuracy"] > 0.9, figures
