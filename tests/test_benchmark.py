@@ -200,3 +200,76 @@ def test_the_folders_section_times_a_first_start_and_a_requeue(tmp_path):
     assert 0 < f["s_first_start_data"] < f["s_first_start"] and 0 < f["s_requeue_data"] < f["s_requeue"]
     rows = _bench_rows({"folders": f})
     assert [row[4] for row in rows] == ["≤ 0.1", "—", "—"] and rows[0][1] == f"{f['s_requeue']:.1f}"
+
+
+def breakdown(tmp_path, modes: str) -> dict:
+    from vit.commands.benchmark import main
+
+    out = tmp_path / "bench.json"
+    assert main(["--quick", "--device", "cpu", "--sections", "breakdown", "--breakdown-modes", modes,
+                 "--output", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def check_breakdown_row(row: dict, peak: dict) -> None:
+    parts = [row["data_ms"], row["model_ms"], row["optimizer_ms"]]
+    assert min(parts) >= 0 and row["step_ms"] > 0
+    # the parts are ranges inside the profiled steps: only the two clocks' rounding separates them
+    assert sum(parts) <= row["profiled_ms"] * 1.05
+    assert row["rest_ms"] == pytest.approx(row["profiled_ms"] - sum(parts))
+    assert row["img_s"] == pytest.approx(row["batch_size"] * 1000 / row["step_ms"])
+    assert row["peak_fraction"] == pytest.approx(row["achieved_tflops"] / peak["tflops"])
+    assert isinstance(row["launches_per_step"], float) and row["launches_per_step"] > 0
+    assert row["host_syncs_per_step"] == 0  # neither the step nor the optimizer asks the device for a value
+
+
+def test_the_breakdown_splits_a_step_into_data_model_optimizer_and_the_rest(tmp_path, capsys):
+    """--sections breakdown on the CPU (--quick: a small model of the default recipe's shape, batch 8): each
+    part's ms per step, their sum within the profiled steps' wall time, launches and host syncs per step;
+    CUDA graphs need CUDA, so the graphed mode is a row that says it is skipped."""
+    report = breakdown(tmp_path, "eager,graphed")
+    eager, graphed = report["breakdown"]
+    assert eager["mode"] == "eager" and eager["batch_size"] == 8 and eager["dtype"] == "float32"
+    check_breakdown_row(eager, report["peak"])
+    assert graphed == {"mode": "graphed", "skipped": "CUDA graphs need a CUDA device, this one is cpu"}
+    out = capsys.readouterr().out
+    assert "rest_ms" in out and "launches_per_step" in out and "# graphed: skipped, CUDA graphs need" in out
+
+
+@pytest.mark.long
+def test_the_breakdown_of_a_compiled_step(tmp_path):
+    report = breakdown(tmp_path, "compiled")
+    (compiled,) = report["breakdown"]
+    assert compiled["mode"] == "compiled"
+    check_breakdown_row(compiled, report["peak"])
+
+
+def test_on_cuda_a_parts_time_is_its_kernels_wherever_its_ops_ran():
+    """part_ms on a CUDA profile (made up here): a kernel counts for the part in whose range the op that
+    launched it started (a range's start is in it, its end is not), on any thread (the backward's engine thread
+    too); the GPU-side annotation ranges are not kernels, and a kernel of no part's op is the rest's. On a CPU
+    a part's time is its ranges'."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    from vit.benchmark.breakdown import kernels, part_ms
+
+    def cpu(id, name, start, end, thread=1):
+        return FunctionEvent(id, name, thread, start, end)
+
+    def gpu(id, name, start, end, linked, annotation=False):
+        return FunctionEvent(id, name, 0, start, end, device_type=DeviceType.CUDA, linked_correlation_id=linked,
+                             is_user_annotation=annotation)
+
+    events = [cpu(1, "data", 0, 10), cpu(2, "aten::index", 1, 5),
+              cpu(3, "model", 10, 100), cpu(4, "aten::mm", 10, 20), cpu(5, "aten::mm", 40, 50, thread=2),
+              cpu(6, "optimizer", 100, 130), cpu(7, "aten::_foreach_add_", 101, 110), cpu(8, "aten::add", 140, 141),
+              gpu(100, "index_kernel", 12, 14, linked=2), gpu(101, "gemm", 20, 50, linked=4),
+              gpu(102, "gemm", 60, 80, linked=5), gpu(103, "foreach", 110, 115, linked=7),
+              gpu(104, "add", 150, 151, linked=8), gpu(105, "model", 20, 80, linked=3, annotation=True)]
+    assert [e.name for e in kernels(events)] == ["index_kernel", "gemm", "gemm", "foreach", "add"]
+    assert part_ms(events, torch.device("cuda"), steps=1) == pytest.approx({"data": 0.002, "model": 0.05,
+                                                                           "optimizer": 0.005})
+    assert part_ms(events, torch.device("cpu"), steps=2) == pytest.approx({"data": 0.005, "model": 0.045,
+                                                                          "optimizer": 0.015})

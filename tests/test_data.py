@@ -161,6 +161,19 @@ def test_augmentations_are_uint8_and_configurable():
         CIFAR10DataModule(auto_augment="autoaugmnt")
 
 
+def test_the_device_pipeline_takes_autoaugment_and_refuses_what_it_cannot_do_in_one_line():
+    from vit.exits import ConfigError
+
+    assert CIFAR10DataModule(pipeline="device", auto_augment="autoaugment").auto_augment == "autoaugment"
+    for policy in ("randaugment", "randaugment-2-9", "trivialaugment"):
+        with pytest.raises(ConfigError, match=rf"^pipeline 'device' applies auto_augment autoaugment \(or none\), "
+                                              rf"not {policy}: use pipeline 'workers' for it$"):
+            CIFAR10DataModule(pipeline="device", auto_augment=policy)
+    with pytest.raises(ConfigError, match=r"^pipeline 'device' takes CIFAR-10's 32×32 images as stored, not resized "
+                                          r"to image_size 24: use pipeline 'workers' for resizing$"):
+        CIFAR10DataModule(pipeline="device", image_size=24)
+
+
 def test_real_cifar10_loads_when_present():
     root = Path(__file__).resolve().parents[2] / "shared" / "data"
     if not (root / "cifar-10-batches-py" / "test_batch").exists():
@@ -174,15 +187,19 @@ def test_real_cifar10_loads_when_present():
     torch.testing.assert_close(mean, torch.tensor([0.4914, 0.4822, 0.4465]), atol=1e-3, rtol=0)
 
 
-@pytest.mark.parametrize("pipeline", ["workers", "device"])
-def test_n_processes_read_the_images_of_one_step_of_one_process(fake_cifar, pipeline):
+@pytest.mark.parametrize("pipeline, auto_augment", [("workers", None), ("device", None), ("device", "autoaugment")])
+def test_n_processes_read_the_images_of_one_step_of_one_process(fake_cifar, pipeline, auto_augment):
     """--data.batch_size is the global batch: each of N processes takes 1/N of it, and in every step the N
     shares together are exactly one process's batch, augmentations included (per-image draws depend on
     the image's place in the epoch, never on the rank), from a mid-epoch resume too."""
     from types import SimpleNamespace
 
+    if auto_augment:
+        torch.set_num_threads(1)  # many small batches: as fast on a busy machine (conftest restores the count)
+
     def steps(world: int, rank: int, epoch: int = 1, start: int = 0) -> list[list[tuple[int, bytes]]]:
-        dm = CIFAR10DataModule(root=str(fake_cifar), val_size=100, num_workers=0, batch_size=40, pipeline=pipeline)
+        dm = CIFAR10DataModule(root=str(fake_cifar), val_size=100, num_workers=0, batch_size=40, pipeline=pipeline,
+                               auto_augment=auto_augment)
         dm.trainer = SimpleNamespace(world_size=world, global_rank=rank, accumulate_grad_batches=1,
                                      lightning_module=None, strategy=SimpleNamespace(root_device=torch.device("cpu")))
         dm.setup("fit")

@@ -115,4 +115,81 @@ def test_time_to_accuracy_records_each_threshold_once_on_the_runs_clock():
     assert logged["time_to/val_acc_0.93"] >= first_90 >= 100  # the run's clock, resumed time included
     resumed = TimeToAccuracy(thresholds=(0.93, 0.90))
     resumed.load_state_dict(cb.state_dict())
-    assert resumed.reached == cb.reached
+    assert resumed.reached == cb.reached and resumed.reached_wall == cb.reached_wall
+    assert all(logged[f"time_to/wall_val_acc_{t}"] > 0 for t in ("0.90", "0.93"))
+
+
+def test_time_to_accuracy_counts_the_training_epochs_alone():
+    """Validation's seconds (resumed ones included) are not training seconds; the wall clock counts them."""
+    import time
+    from types import SimpleNamespace
+
+    from vit.callbacks import TimeToAccuracy, TrainingClock
+
+    clock = TrainingClock()
+    clock.load_state_dict({"training_seconds": 100.0, "validation_seconds": 30.0})
+    trainer = SimpleNamespace(sanity_checking=False, callbacks=[clock])
+    clock.started = time.perf_counter()
+    clock.on_validation_start(trainer, None)
+    time.sleep(0.2)
+    clock.on_validation_end(trainer, None)
+    assert clock.validation_seconds() >= 30.2
+    assert clock.train_seconds() < 70.1  # 100 s of fit, 30 of them validation, and this one's 0.2 s
+    cb = TimeToAccuracy(thresholds=(0.5,))
+    logged = {}
+    trainer = SimpleNamespace(callback_metrics={"val/acc": torch.tensor(0.6)}, sanity_checking=False,
+                              current_epoch=3, global_step=30, callbacks=[cb, clock])
+    cb.on_validation_epoch_end(trainer, SimpleNamespace(log_dict=logged.update))
+    assert logged["time_to/val_acc_0.50"] < 70.1 and clock.seconds() >= 100.19
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_validation_on_the_device_reads_every_image_once(world):
+    from vit.device_data import DeviceEvalBatches
+
+    images = torch.arange(103 * 3 * 2 * 2, dtype=torch.int32).view(103, 3, 2, 2).to(torch.uint8)
+    labels = torch.arange(103)
+    seen = []
+    for rank in range(world):
+        batches = DeviceEvalBatches(images, labels, 10, rank, world)
+        got = list(batches)
+        assert len(got) == len(batches)
+        for x, y in got:
+            assert torch.equal(x, images[y])  # each image with its own label, as stored
+            seen += y.tolist()
+    assert sorted(seen) == list(range(103))
+
+
+def test_device_batches_autoaugment_after_crop_flip_with_each_steps_draws():
+    """auto_augment="autoaugment": each batch is the crop+flip batch it would be without (the same crops and
+    flips), then AutoAugmented with draws that follow them from the step's generator; and N processes
+    together still read, image for image, one process's batch."""
+    from vit.device_augment import autoaugment, autoaugment_draws
+    from vit.device_data import crop_flip_draws
+    from vit.seeding import epoch_seed
+
+    torch.set_num_threads(1)  # many small batches: as fast on a busy machine (conftest restores the count)
+    images = torch.randint(0, 256, (100, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    labels = torch.arange(100)
+
+    def epoch(auto_augment, batch_size=10, rank=0, world=1):
+        return list(DeviceBatches(images, labels, batch_size, 0, lambda n, per_batch: (2, 0), rank=rank,
+                                  world_size=world, padding=4, auto_augment=auto_augment))
+
+    plain, augmented = epoch(None), epoch("autoaugment")
+    assert len(plain) == len(augmented) == 10
+    changed = 0
+    for step, ((x, y), (xa, ya)) in enumerate(zip(plain, augmented)):
+        assert torch.equal(y, ya) and xa.dtype == torch.uint8
+        g = torch.Generator().manual_seed(epoch_seed(0, 2) * 100_003 + step)
+        crop_flip_draws(10, 4, True, torch.device("cpu"), g)
+        assert torch.equal(xa, autoaugment(x, autoaugment_draws(10, None, g)))
+        changed += int((xa != x).flatten(1).any(1).sum())
+    assert changed > 30  # most images get at least one op
+    one = epoch("autoaugment", batch_size=20)
+    shares = [epoch("autoaugment", batch_size=10, rank=r, world=2) for r in range(2)]
+    for (x, y), (x0, y0), (x1, y1) in zip(one, *shares):
+        order = torch.cat([y0, y1]).argsort()
+        assert torch.equal(torch.cat([x0, x1])[order], x[y.argsort()])
+    with pytest.raises(ValueError, match="autoaugment"):
+        DeviceBatches(images, labels, 10, 0, lambda n, per_batch: (0, 0), auto_augment="randaugment")

@@ -116,7 +116,8 @@ def test_make_figures_measures_this_machines_table_and_then_measures_nothing(tmp
 
 
 def test_each_run_is_one_command_unless_minutes_bounds_them(tmp_path):
-    """The gpu plan's first step is README's headline row (vit_cifar10_fast: time to 90/93/94 %). By default
+    """The gpu plan first profiles a training step (the breakdown benchmark: where a step goes), then
+    benchmarks, then trains README's headline row (vit_cifar10_fast: time to 90/93/94 %). By default
     every training run and benchmark is one command, run whole (a run cut into commands restarts and
     recompiles in each); with --minutes every training command stops in time and the next continues it,
     and every benchmark command is bounded too (vit-benchmark --minutes)."""
@@ -124,8 +125,9 @@ def test_each_run_is_one_command_unless_minutes_bounds_them(tmp_path):
     from vit.commands.figures import main, parser
 
     jobs = plans.load(plans.find("gpu")).runs
-    first = jobs[0]
-    assert isinstance(first, plans.Run) and first.args == ("--config", "vit_cifar10_fast")
+    assert isinstance(jobs[0], plans.Benchmark) and "breakdown" in jobs[0].args[-1]
+    first = next(job for job in jobs if isinstance(job, plans.Run))
+    assert first.args == ("--config", "vit_cifar10_fast")
     assert "vit.callbacks.TimeToAccuracy" in configs.path("vit_cifar10_fast").read_text()
     assert any(isinstance(job, plans.Benchmark) for job in jobs)
     assert parser.parse_args([]).minutes is None

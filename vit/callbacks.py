@@ -9,7 +9,6 @@ import time
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
@@ -28,21 +27,35 @@ class TrainingClock(L.Callback):
     It also counts those commands, and the seconds of each one's first training batch and first
     validation batch (``first_batches_seconds``, inside the training seconds): where torch.compile
     compiles, so a run continued over several commands compiles again in each, and its record says how
-    much of its clock that was."""
+    much of its clock that was.
+
+    Of those seconds, the validation epochs' are counted too (``validation_seconds``): the seconds spent
+    training alone (``train_seconds``) are the clock of TimeToAccuracy, as speed records count them."""
 
     def __init__(self):
         # of the attempts this run resumed from
         self.before = {"training_seconds": 0.0, "train_images": 0, "wall_seconds": 0.0, "commands": 0,
-                       "first_batches_seconds": 0.0}
+                       "first_batches_seconds": 0.0, "validation_seconds": 0.0}
         self.started = self.stopped = None
         self.trainer = None
         self.first_batches, self.batch_started, self.timed = 0.0, None, set()
+        self.validating, self.validation = None, 0.0
 
     def on_train_start(self, trainer, pl_module):
         self.trainer, self.first_step = trainer, trainer.global_step
         self.global_batch = trainer.datamodule.batch_size * trainer.accumulate_grad_batches
         self.started, self.stopped = time.perf_counter(), None
         self.first_batches, self.timed = 0.0, set()
+        self.validating, self.validation = None, 0.0
+
+    def on_validation_start(self, trainer, pl_module):
+        if self.started is not None and not trainer.sanity_checking:
+            self.validating = time.perf_counter()
+
+    def on_validation_end(self, trainer, pl_module):
+        if self.validating is not None:
+            self.validation += time.perf_counter() - self.validating
+            self.validating = None
 
     def _first_batch_start(self, trainer, kind: str) -> None:
         if self.started is not None and kind not in self.timed and not trainer.sanity_checking:
@@ -74,6 +87,18 @@ class TrainingClock(L.Callback):
             return self.before["training_seconds"]
         return self.before["training_seconds"] + (self.stopped or time.perf_counter()) - self.started
 
+    def validation_seconds(self) -> float:
+        ongoing = time.perf_counter() - self.validating if self.validating is not None else 0.0
+        return self.before["validation_seconds"] + self.validation + ongoing
+
+    def train_seconds(self) -> float:
+        """Seconds of the training epochs alone: ``seconds`` without the validation epochs."""
+        return self.seconds() - self.validation_seconds()
+
+    def wall(self) -> float:
+        """Wall seconds of the commands the run took, this one's to now (start-up included)."""
+        return self.before["wall_seconds"] + wall_seconds()
+
     def state_dict(self) -> dict:
         if self.trainer is None:
             return dict(self.before)
@@ -87,6 +112,7 @@ class TrainingClock(L.Callback):
                 "train_images_per_second": round(images / seconds, 1) if seconds > 0 else None,
                 "wall_seconds": round(self.before["wall_seconds"] + wall_seconds(), 1),
                 "commands": self.before["commands"] + 1,
+                "validation_seconds": round(self.validation_seconds(), 3),
                 "first_batches_seconds": round(self.before["first_batches_seconds"] + self.first_batches, 3)}
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -99,32 +125,40 @@ class TrainingClock(L.Callback):
 
 
 class TimeToAccuracy(L.Callback):
-    """Log the training time (the run's clock, TrainingClock: seconds inside fit, summed over
-    resumes) at which ``val/acc`` first reaches each threshold, as ``time_to/val_acc_<threshold>``, and
-    print one line when it happens. The times reached are kept in checkpoints and in the run's record."""
+    """Log the training time at which ``val/acc`` first reaches each threshold, as ``time_to/val_acc_<threshold>``:
+    the seconds of the training epochs alone (TrainingClock.train_seconds, summed over resumes; validation is
+    not counted, as speed records count it), with the wall seconds of the run beside them
+    (``time_to/wall_val_acc_<threshold>``: start-up, compiles and validation included), and print one line
+    when it happens. The times reached are kept in checkpoints and in the run's record."""
 
     def __init__(self, thresholds: tuple[float, ...] = (0.90, 0.93, 0.94)):
         self.thresholds = sorted(thresholds)
         self.reached: dict[float, float] = {}
+        self.reached_wall: dict[float, float] = {}
 
     def state_dict(self):
-        return {"reached": {str(t): s for t, s in self.reached.items()}}
+        return {"reached": {str(t): s for t, s in self.reached.items()},
+                "reached_wall": {str(t): s for t, s in self.reached_wall.items()}}
 
     def load_state_dict(self, state_dict):
         self.reached = {float(t): s for t, s in state_dict.get("reached", {}).items()}
+        self.reached_wall = {float(t): s for t, s in state_dict.get("reached_wall", {}).items()}
 
     def on_validation_epoch_end(self, trainer, pl_module):
         acc = trainer.callback_metrics.get("val/acc")
         if trainer.sanity_checking or acc is None:
             return
-        elapsed = next(cb for cb in trainer.callbacks if isinstance(cb, TrainingClock)).seconds()
+        clock = next(cb for cb in trainer.callbacks if isinstance(cb, TrainingClock))
+        acc = acc.item()  # (once per validation)
         for t in self.thresholds:
-            if t not in self.reached and acc.item() >= t:
-                self.reached[t] = elapsed
-                rank_zero_info(f"val/acc {acc.item():.4f} >= {t:.2f} after {elapsed:.1f} s of training "
-                               f"(epoch {trainer.current_epoch}, step {trainer.global_step})")
+            if t not in self.reached and acc >= t:
+                self.reached[t], self.reached_wall[t] = clock.train_seconds(), clock.wall()
+                rank_zero_info(f"val/acc {acc:.4f} >= {t:.2f} after {self.reached[t]:.1f} s of training "
+                               f"({self.reached_wall[t]:.1f} s wall; epoch {trainer.current_epoch}, "
+                               f"step {trainer.global_step})")
         if self.reached:
             pl_module.log_dict({f"time_to/val_acc_{t:.2f}": s for t, s in self.reached.items()})
+            pl_module.log_dict({f"time_to/wall_val_acc_{t:.2f}": s for t, s in self.reached_wall.items()})
 
 
 def _wandb(trainer) -> WandbLogger | None:
@@ -187,12 +221,50 @@ def batch_size(batch) -> int:
     return batch[0].size(0)
 
 
-class Throughput(ThroughputMonitor):
-    """Lightning's ThroughputMonitor: samples/s, and with the model's analytic FLOPs per batch (the notes'
-    count, ``ViTClassifier.flops_per_batch``) TFLOP/s and MFU against Lightning's table of device peaks."""
+class Throughput(L.Callback):
+    """Training samples/s, FLOP/s (the model's analytic FLOPs per batch, ``ViTClassifier.flops_per_batch``) and
+    MFU against Lightning's table of device peaks, by Lightning's ``Throughput``, as its ThroughputMonitor
+    logs them (``train/device/samples_per_sec``, ...), every ``log_every_n_steps`` steps, over a window of
+    about ``window_size`` steps, validation's time left out. The clock is read at those steps alone, after waiting for the GPU there:
+    Lightning's monitor waits for it at every batch, which costs a GPU-bound step its overlap with the next."""
 
     def __init__(self, window_size: int = 100):
-        super().__init__(batch_size_fn=batch_size, window_size=window_size)
+        self.window_size = window_size
+
+    def on_train_start(self, trainer, pl_module):
+        from lightning.fabric.utilities.throughput import Throughput as Measure, get_available_flops
+
+        precision = str(trainer.precision)
+        dtype = (torch.bfloat16 if "bf16" in precision else torch.float16 if precision.startswith("16") else
+                 torch.float64 if precision.startswith("64") else torch.float32)
+        points = max(2, self.window_size // max(1, trainer.log_every_n_steps) + 1)
+        self.measure = Measure(available_flops=get_available_flops(pl_module.device, dtype),
+                               world_size=trainer.world_size, window_size=points, separator="/")
+        self.started, self.samples, self.batches, self.measured = time.perf_counter(), 0, 0, 0
+        self.measure.update(time=0.0, batches=0, samples=0, flops=0)
+
+    def on_validation_start(self, trainer, pl_module):
+        self.validating = time.perf_counter()
+
+    def on_validation_end(self, trainer, pl_module):  # validation's time is not training's
+        if hasattr(self, "started") and getattr(self, "validating", None) is not None:
+            self.started += time.perf_counter() - self.validating
+        self.validating = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.samples += batch_size(batch)
+        self.batches += 1
+        if self.batches % (trainer.log_every_n_steps * trainer.accumulate_grad_batches):
+            return
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        self.measure.update(time=time.perf_counter() - self.started, batches=self.batches, samples=self.samples,
+                            flops=pl_module.flops_per_batch * (self.batches - self.measured))
+        self.measured = self.batches
+        metrics = {f"train/{k}": v for k, v in self.measure.compute().items()}
+        if metrics and trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
 
 
 class LogConfig(SaveConfigCallback):

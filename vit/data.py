@@ -5,7 +5,8 @@ The pipeline has three separable stages:
   1. store   — CIFAR-10 decoded once into a uint8 tensor N×3×32×32; image folders read from disk
                with the one loader everything shares (``vit.images.load_image``);
   2. augment — per-sample uint8 transforms (resize, crop+flip, AutoAugment/RandAugment) in DataLoader
-               workers, or for CIFAR-10 on the device (``pipeline: device``, ``vit.device_data``);
+               workers, or for CIFAR-10 on the device, per sample in batched operations (``pipeline:
+               device``: crop+flip and AutoAugment, ``vit.device_data``, ``vit.device_augment``);
   3. normalise (+ random erasing, Mixup/CutMix) — per batch on the device, in the LightningModule.
 Batches are uint8 images and integer labels; mean/std belong to the model (``vit.preprocessing``).
 """
@@ -152,7 +153,8 @@ class ImageDataModule(L.LightningDataModule):
             image_size: side every image is resized to (linked to model.arch.image_size).
             crop_padding: random crop after reflect padding by this many pixels (0: no crop).
             hflip: random horizontal flips.
-            auto_augment: autoaugment, randaugment[-N-M] or trivialaugment (per image, in workers).
+            auto_augment: autoaugment, randaugment[-N-M] or trivialaugment (per image, in workers; CIFAR-10's
+                pipeline device applies autoaugment on the device).
         """
         super().__init__()
         if root is None:  # (jsonargparse lets null through to a data module's str)
@@ -268,13 +270,22 @@ class CIFAR10DataModule(ImageDataModule):
             root: the folder that holds cifar-10-batches-py/ (downloaded there when absent).
             download: download the official archive when the folder is absent.
             pipeline: "workers" (per-image transforms in DataLoader workers, any policy) or "device"
-                (the train set resident on the accelerator, crop+flip per image in one batched gather).
+                (the train set resident on the accelerator, 32×32 as stored: crop+flip per image in one
+                batched gather, then auto_augment autoaugment, if chosen, per image in batched operations,
+                vit.device_augment).
         """
         super().__init__(root=root, **kwargs)
         self.download, self.pipeline = download, pipeline
-        if pipeline == "device" and (kwargs.get("auto_augment") or self.image_size != 32):
-            raise ConfigError("pipeline 'device' does crop+flip on 32×32 images only: "
-                             "use pipeline 'workers' for auto_augment or resizing")
+        self.auto_augment = kwargs.get("auto_augment")
+        if pipeline == "device":
+            from vit.device_data import AUTO_AUGMENT
+
+            if self.auto_augment not in (None, *AUTO_AUGMENT):
+                raise ConfigError(f"pipeline 'device' applies auto_augment {' or '.join(AUTO_AUGMENT)} (or none), "
+                                  f"not {self.auto_augment}: use pipeline 'workers' for it")
+            if self.image_size != 32:
+                raise ConfigError(f"pipeline 'device' takes CIFAR-10's 32×32 images as stored, not resized to "
+                                  f"image_size {self.image_size}: use pipeline 'workers' for resizing")
 
     @property
     def folder(self) -> Path:
@@ -320,7 +331,22 @@ class CIFAR10DataModule(ImageDataModule):
                              self.seed, position=self.position.begin,
                              rank=trainer.global_rank if trainer else 0,
                              world_size=trainer.world_size if trainer else 1,
-                             padding=self.crop_padding, hflip=self.hflip, accumulate=self.accumulation())
+                             padding=self.crop_padding, hflip=self.hflip, accumulate=self.accumulation(),
+                             auto_augment=self.auto_augment,
+                             compile=bool(trainer and getattr(trainer.lightning_module, "hparams", {}).get("compile")))
+
+    def val_dataloader(self):
+        """On the device path the validation images live on the device too, 32×32 as stored (vit.device_data)."""
+        if self.pipeline == "workers":
+            return super().val_dataloader()
+        from vit.device_data import DeviceEvalBatches
+
+        trainer = self.trainer
+        device = trainer.strategy.root_device if trainer else torch.device("cpu")
+        base, idx = self.val_set.dataset, self.val_set.indices
+        return DeviceEvalBatches(base.images[idx].to(device), base.labels[idx].to(device),
+                                 self.process_batch(train=False), rank=trainer.global_rank if trainer else 0,
+                                 world_size=trainer.world_size if trainer else 1)
 
 
 class Unreadable(str):

@@ -1,8 +1,10 @@
 """A data path whose cost is small next to the model's: the whole uint8 dataset lives on the device
-(CIFAR-10 is 150 MB) and each batch is cropped and flipped there, per sample, in one gather.
+(CIFAR-10 is 150 MB) and each batch is cropped and flipped there, per sample, in one gather, then
+optionally AutoAugmented there, per sample, in a fixed number of batched operations (vit.device_augment).
 
 ``crop_flip`` is exactly torchvision's ``pad(reflect) → crop(top, left) → hflip`` for each image
-(tests/test_device_data.py proves it); ``DeviceBatches`` is the epoch-seeded, rank-sharded iterable
+(tests/test_device_data.py proves it), and ``vit.device_augment.AutoAugment`` exactly torchvision's
+AutoAugment (tests/test_device_augment.py); ``DeviceBatches`` is the epoch-seeded, rank-sharded iterable
 that Lightning uses as the train loader when ``--data.init_args.pipeline device``.
 """
 
@@ -12,7 +14,10 @@ from collections.abc import Callable
 
 import torch
 
+from vit.device_augment import CIFAR10_POLICY, AutoAugment
 from vit.seeding import epoch_seed
+
+AUTO_AUGMENT = ("autoaugment",)  # the policies DeviceBatches applies on the device (vit.device_augment)
 
 
 def _reflect(index: torch.Tensor, size: int) -> torch.Tensor:
@@ -49,14 +54,18 @@ def random_crop_flip(images: torch.Tensor, padding: int, hflip: bool = True,
 
 
 class DeviceBatches:
-    """Batches of (uint8 images, labels) drawn from tensors already on the device.
+    """Batches of (uint8 images, labels) drawn from tensors already on the device, cropped and flipped,
+    then, with ``auto_augment="autoaugment"``, AutoAugmented (torchvision's CIFAR-10 policy, per image; in
+    the order of the workers pipeline: crop, flip, AutoAugment; ``compile``: by torch.compile's graph of it,
+    as the model is compiled).
 
     Each epoch's order comes from a generator seeded with (seed, epoch), so it does not depend on the
     process's RNG state; under DDP rank r takes every world-th sample of that order, so each process reads
     only its shard, and step i of N processes together reads the images of step i of one process with
-    N times the ``batch_size`` (the global batch). Each step's crops and flips are drawn for the whole
-    global batch from a generator seeded with (seed, epoch, step), and each rank takes those of its
-    images: an image's augmentation does not depend on the number of processes or the rank, and an epoch
+    N times the ``batch_size`` (the global batch). Each step's crops and flips, then its AutoAugment
+    choices, are drawn for the whole global batch from a generator seeded with (seed, epoch, step), and
+    each rank takes those of its images: an image's augmentation does not depend on the number of
+    processes or the rank (nor its crops and flips on whether AutoAugment is on), and an epoch
     can start at any step exactly: ``position(batches, images per batch of all processes)`` says which
     epoch a new iterator is and its first batch (vit.resume.DataPosition). With ``accumulate`` batches per
     optimizer step, the draws are those of the optimizer step's images, and the epoch is whole optimizer
@@ -66,11 +75,31 @@ class DeviceBatches:
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, seed: int,
                  position: Callable[[int, int], tuple[int, int]], rank: int = 0, world_size: int = 1,
-                 padding: int = 4, hflip: bool = True, accumulate: int = 1):
+                 padding: int = 4, hflip: bool = True, accumulate: int = 1, auto_augment: str | None = None,
+                 compile: bool = False):
+        if auto_augment not in (None, *AUTO_AUGMENT):
+            raise ValueError(f"DeviceBatches applies auto_augment {' or '.join(AUTO_AUGMENT)} (or none), "
+                             f"got {auto_augment!r}")
         self.images, self.labels = images, labels
         self.batch_size, self.seed, self.position = batch_size, seed, position
         self.rank, self.world_size, self.padding, self.hflip = rank, world_size, padding, hflip
         self.accumulate = accumulate
+        self.auto_augment = AutoAugment(CIFAR10_POLICY) if auto_augment else None
+        self.compile, self._augment = compile, None
+
+    def augment(self, images: torch.Tensor, draws) -> torch.Tensor:
+        """AutoAugment with the given draws; with ``compile``, torch.compile's graph of it (a few kernels on a GPU
+        where the eager batch issues some 200 ops), every batch alike: one image's eager pass first builds the
+        tables the graph reads."""
+        if self._augment is None:
+            self.auto_augment.apply(images[:1], draws[:1])
+            self._augment = torch.compile(self.auto_augment.apply, fullgraph=True, dynamic=False) \
+                if self.compile else self.auto_augment.apply
+        return self._augment(images, draws)
+
+    def _share(self, draws, batch: slice):
+        """This rank's images' draws, of those of the optimizer step (its ``batch`` of the global batch)."""
+        return draws[batch][self.rank :: self.world_size]
 
     def __len__(self) -> int:
         return (len(self.labels) // self.world_size) // (self.batch_size * self.accumulate) * self.accumulate
@@ -87,10 +116,33 @@ class DeviceBatches:
         for i in range(start, len(self)):
             idx = shard[i * self.batch_size : (i + 1) * self.batch_size]
             images = self.images[idx]
-            if self.padding > 0 or self.hflip:
+            crop_flip_on = self.padding > 0 or self.hflip
+            if crop_flip_on or self.auto_augment is not None:
                 step, part = divmod(i, self.accumulate)  # the optimizer step's draws, and this batch's part of them
                 g.manual_seed(epoch_seed(self.seed, epoch) * 100_003 + step)
-                draws = crop_flip_draws(global_batch * self.accumulate, self.padding, self.hflip, device, g)
-                mine = (d[part * global_batch : (part + 1) * global_batch][self.rank :: self.world_size] for d in draws)
-                images = crop_flip(images, *mine, self.padding)
+                n, mine = global_batch * self.accumulate, slice(part * global_batch, (part + 1) * global_batch)
+                if crop_flip_on:
+                    draws = crop_flip_draws(n, self.padding, self.hflip, device, g)
+                    images = crop_flip(images, *(self._share(d, mine) for d in draws), self.padding)
+                if self.auto_augment is not None:
+                    draws = self.auto_augment.draws(n, device, g)
+                    images = self.augment(images, self._share(draws, mine))
             yield images, self.labels[idx]
+
+
+class DeviceEvalBatches:
+    """Validation batches of (uint8 images, labels) from tensors already on the device, in order, as they are
+    stored (no augmentation): no loader, no copy from the host. Under DDP process r takes every world-th image,
+    each image once (no padding), and the synced metrics sum the shares exactly."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, rank: int = 0,
+                 world_size: int = 1):
+        self.images, self.labels = images[rank::world_size], labels[rank::world_size]
+        self.batch_size = batch_size
+
+    def __len__(self) -> int:
+        return -(-len(self.labels) // self.batch_size)
+
+    def __iter__(self):
+        for i in range(0, len(self.labels), self.batch_size):
+            yield self.images[i : i + self.batch_size], self.labels[i : i + self.batch_size]

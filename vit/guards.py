@@ -216,9 +216,11 @@ class StopOnNonFinite(L.Callback):
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         if str(trainer.precision).startswith("16"):  # fp16's grad scaler skips inf steps by design
             return
+        from vit.optim import total_norm
+
         grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
         if grads:
-            self.grads_finite = torch.isfinite(torch.nn.utils.get_total_norm(grads))
+            self.grads_finite = torch.isfinite(total_norm(grads))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         loss = (outputs["loss"] if isinstance(outputs, dict) else outputs).detach().float()
@@ -319,8 +321,8 @@ class StopOnSignal(L.Callback):
 
 class StopAfterMinutes(L.Callback):
     """End this command in time for a wall-clock limit on it (a job's time limit, a short partition): at the end of
-    an epoch, after its checkpoints, when one more epoch like the last (+20 %, + 30 s for the test) would
-    end past ``minutes`` since the process started. The CLI then exits 4 (vit.commands.train), and
+    an epoch that validates, after its checkpoints, when the epochs to the next validation, each like the last
+    (+20 %, + 30 s for the test), would end past ``minutes`` since the process started. The CLI then exits 4 (vit.commands.train), and
     ``--ckpt_path last`` continues the run exactly, its schedule and clock included. All processes
     decide together on rank zero's clock. Not when the run would end anyway with that epoch."""
 
@@ -335,7 +337,8 @@ class StopAfterMinutes(L.Callback):
         if trainer.sanity_checking or not hasattr(self, "epoch_started"):
             return
         epoch = time.perf_counter() - self.epoch_started
-        late = wall_seconds() + 1.2 * epoch + 30 > self.limit
+        # the next look is at the next validation: --trainer.check_val_every_n_epoch epochs on
+        late = wall_seconds() + 1.2 * epoch * (trainer.check_val_every_n_epoch or 1) + 30 > self.limit
         last = trainer.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= trainer.max_epochs
         (late,) = [trainer.strategy.broadcast(late)]  # rank zero's clock decides for every process
         if late and not last:

@@ -6,6 +6,7 @@ augmentation, on the command line ``--model.optimizer.lr``, ``--model.schedule.w
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
@@ -148,7 +149,7 @@ class ViTClassifier(L.LightningModule):
         mean: tuple[float, ...] | None = None,
         std: tuple[float, ...] | None = None,
         pretrained: str | None = None,
-        compile: bool = False,
+        compile: bool | Literal["reduce-overhead"] = False,
     ):
         """
         Args:
@@ -165,7 +166,9 @@ class ViTClassifier(L.LightningModule):
             std: per-channel std of the normalisation; default as for mean.
             pretrained: start from timm ViT weights: a timm model name, hf-hub:USER/REPO, local-dir:DIR, or a
                 .pth/.safetensors file (loaded when fit starts, never when a checkpoint is loaded).
-            compile: torch.compile the model when fit starts.
+            compile: torch.compile the model when fit starts (one static graph per image size); "reduce-overhead":
+                torch.compile's CUDA graphs besides, one per image size, which launch a step's forward and
+                backward kernels as one graph each (a GPU only: refused elsewhere before training starts).
         """
         super().__init__()
         arch, optimizer = _group("arch", arch), _group("optimizer", optimizer)
@@ -205,23 +208,18 @@ class ViTClassifier(L.LightningModule):
 
             self.mixup_fn = Mixup(mixup_alpha=aug.mixup, cutmix_alpha=aug.cutmix, prob=aug.mix_prob,
                                   label_smoothing=aug.label_smoothing, num_classes=arch.num_classes)
-        self.random_erasing = None
-        if aug.random_erasing > 0:
-            from timm.data.random_erasing import RandomErasing
 
-            self.random_erasing = RandomErasing(aug.random_erasing, mode="pixel", device="cpu")
-
+        # the metrics stay on the device, and are read when they are logged: no argument or NaN check, which
+        # would read a value on the host at every step (the targets are the data's, a NaN loss is the
+        # divergence guard's: vit.guards.StopOnNonFinite)
         k, top5 = arch.num_classes, min(5, arch.num_classes)
-        self.train_acc = MulticlassAccuracy(k, top_k=1, average="micro")
-        self.train_loss = MeanMetric()
-        self.val_acc = MulticlassAccuracy(k, top_k=1, average="micro")
-        self.val_acc5 = MulticlassAccuracy(k, top_k=top5, average="micro")
-        self.val_loss = MeanMetric()
-        self.val_acc_best = MaxMetric()
+        accuracy = functools.partial(MulticlassAccuracy, k, average="micro", validate_args=False)
+        mean = functools.partial(MeanMetric, nan_strategy="disable")
+        self.train_acc, self.train_loss = accuracy(top_k=1), mean()
+        self.val_acc, self.val_acc5, self.val_loss = accuracy(top_k=1), accuracy(top_k=top5), mean()
+        self.val_acc_best = MaxMetric(nan_strategy="disable")
         self.val_acc_best.persistent(True)  # survives a resume
-        self.test_acc = MulticlassAccuracy(k, top_k=1, average="micro")
-        self.test_acc5 = MulticlassAccuracy(k, top_k=top5, average="micro")
-        self.test_loss = MeanMetric()
+        self.test_acc, self.test_acc5, self.test_loss = accuracy(top_k=1), accuracy(top_k=top5), mean()
 
     @property
     def eval_model(self):
@@ -254,6 +252,8 @@ class ViTClassifier(L.LightningModule):
         return self.schedule.train_image_size()
 
     def training_step(self, batch, batch_idx):
+        if self.hparams.compile == "reduce-overhead":  # a new step: the graphs' outputs of the last are free
+            torch.compiler.cudagraph_mark_step_begin()
         images, labels = batch
         x = self.normalize(images)
         size = self.train_image_size
@@ -263,9 +263,8 @@ class ViTClassifier(L.LightningModule):
         self._said_size = size
         if size != x.shape[-1]:  # progressive resizing: (size/P)² tokens instead of N
             x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
-        if self.random_erasing is not None:
-            self.random_erasing.device = x.device
-            x = self.random_erasing(x)
+        if self.augmentation_config.random_erasing > 0:
+            x = self.erase(x)
         if self.mixup_fn is not None:
             x, soft_targets = self.mixup_fn(x, labels)
             logits = self.model(x)
@@ -273,11 +272,40 @@ class ViTClassifier(L.LightningModule):
         else:
             logits = self.model(x)
             loss = F.cross_entropy(logits, labels, label_smoothing=self.augmentation_config.label_smoothing)
-        self.train_loss(loss.detach())
-        self.train_acc(logits.detach(), labels)
-        self.log("train/loss_step", loss.detach(), on_step=True, on_epoch=False, prog_bar=True)
-        self.log_dict({"train/loss": self.train_loss, "train/acc": self.train_acc}, on_step=False, on_epoch=True)
+        self.train_loss.update(loss.detach())
+        self.train_acc.update(logits.detach(), labels)
+        # on the device until the loggers read it, every log_every_n_steps steps (the progress bar shows
+        # that value: vit.progress)
+        self.log("train/loss_step", loss.detach(), on_step=True, on_epoch=False)
         return loss
+
+    def on_train_epoch_end(self):
+        self.log_dict({"train/loss": self.train_loss, "train/acc": self.train_acc})
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        """Clipping by norm as torch's clip_grad_norm_ does, with the total norm in a few ops (vit.optim.total_norm)
+        instead of one per parameter; by value, or under a gradient scaler (16-mixed: its gradients may still be
+        scaled, and Lightning knows when), Lightning's."""
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and scaler is None:
+            params = [p for p in self.trainer.precision_plugin.main_params(optimizer) if p.grad is not None]
+            if params:
+                from vit.optim import total_norm
+
+                norm = total_norm([p.grad for p in params])
+                torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, norm)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    def erase(self, x: torch.Tensor) -> torch.Tensor:
+        """timm's RandomErasing (mode "pixel") per image, batched (vit.device_augment): draws and noise from the
+        process's RNG, the rectangles by torch.compile's graph when the model is compiled."""
+        from vit.device_augment import erase, random_erasing_draws
+
+        if getattr(self, "erasing", None) is None:
+            self.erasing = torch.compile(erase, fullgraph=True, dynamic=False) if self.hparams.compile else erase
+        draws = random_erasing_draws(x.shape[0], x.device)
+        return self.erasing(x, draws, self.augmentation_config.random_erasing, torch.randn_like(x))
 
     def optimizer_step(self, *args, **kwargs):
         """The update, then the EMA's: both before the step's callbacks, so that a checkpoint written at the
@@ -382,8 +410,17 @@ class ViTClassifier(L.LightningModule):
                 load_pretrained(self.model, self.hparams.pretrained)
                 if self.ema is not None:
                     self.ema.set(self.model)
+            device = self.hparams.compile == "reduce-overhead" and self.trainer.strategy.root_device.type
+            if device and device != "cuda":  # (the module moves to the strategy's device after setup)
+                raise ConfigError(f"--model.compile reduce-overhead captures CUDA graphs, which need a GPU; this run "
+                                  f"trains on {device}: use --model.compile true")
+            if device and self.trainer.accumulate_grad_batches > 1:  # a replay overwrites the last one's gradients
+                raise ConfigError("--model.compile reduce-overhead (CUDA graphs) takes one batch per optimizer step, not "
+                                  f"--trainer.accumulate_grad_batches {self.trainer.accumulate_grad_batches}: use "
+                                  "--model.compile true, or a larger --data.batch_size")
             if self.hparams.compile:
-                self.model.compile(dynamic=False)  # one static graph per image size (resize stages)
+                mode = "reduce-overhead" if self.hparams.compile == "reduce-overhead" else None
+                self.model.compile(dynamic=False, mode=mode)  # one static graph per image size (resize stages)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Everything classification needs, in plain types: no config file, no Lightning (beside what the

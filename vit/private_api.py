@@ -38,9 +38,19 @@ PRIVATE_USES = (
     ("vit/cifar.py", "_Pickler", "write_fake pickles bytes as Python 2's str, as the official CIFAR-10 files are "
      "(so that our reader and torchvision's both read them); only the pure-Python pickler lets a type's "
      "opcode be chosen (its dispatch table), the C pickler has no such hook"),
-    ("vit/optim.py", "timm.optim.muon.zeropower_via_newtonschulz", "Muon's Newton–Schulz iteration in float32 on a "
-     "CPU (bfloat16 is emulated there, and slow): timm's Muon calls this module function with its bfloat16 default "
-     "and no argument of Muon passes a dtype, so its step swaps the module's function for one with the dtype given"),
+    ("vit/optim.py", "_foreach_", "Muon's step applies each element-wise update to a whole parameter group in "
+     "one op (one kernel launch on a GPU): torch's foreach ops (torch._foreach_mul_, _foreach_lerp_, _foreach_lerp, "
+     "_foreach_add_, _foreach_addcmul_, _foreach_sqrt, _foreach_div_, _foreach_addcdiv_), the ops torch.optim's "
+     "own foreach paths call; torch 2.x has no public name for them (the public torch.foreach of torch's main-branch "
+     "documentation is not in torch 2.14)"),
+    ("vit/optim.py", "Muon.step", "the override of timm's Muon.step keeps timm's parameter routing and its state "
+     "layout (use_muon; momentum_buffer; step, exp_avg, exp_avg_sq), which timm does not document: "
+     "tests/test_optim.py holds our step equal to timm's and their checkpoints interchangeable"),
+    ("vit/optim.py", "_is_suitable_for_muon", "Muon's step routes a parameter of a group without a flag as timm's "
+     "step does, by timm's shape rule, which is this function of timm's module"),
+    ("vit/optim.py", "_COEFFICIENTS", "Muon's step resolves a group's ns_coefficients preset ('quintic', timm's "
+     "default) with timm's public resolve_ns_coefficients, which takes the presets as an argument: timm's step "
+     "passes this dict of its module, the only place the presets are named"),
     ("vit/guards.py", "torch._dynamo.callback_handler", "the watchdog gives torch.compile's compiles their time "
      "wherever they happen (a first batch, a resize stage, a callback's forward, the lazily compiled backward): "
      "torch calls these start and end callbacks around each compile, and no public torch.compiler API tells "

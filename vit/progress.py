@@ -27,7 +27,8 @@ class ProgressBar(TQDMProgressBar):
         Args:
             refresh_rate: update the terminal bar every this many steps.
             every_n_steps: without a terminal, print a line every this many steps (default: the
-                Trainer's log_every_n_steps).
+                Trainer's log_every_n_steps); the training loss shown is read every this many steps (a
+                read waits for the GPU: the steps between run without waiting).
             terminal: force the bar (True) or the lines (False); default: whether stderr is a terminal.
         """
         super().__init__(refresh_rate=refresh_rate)
@@ -36,10 +37,11 @@ class ProgressBar(TQDMProgressBar):
             self.disable()
         self.every_n_steps = every_n_steps
         self._started = time.perf_counter()
+        self.step_loss: dict[str, float] = {}  # the training loss, read on the host every every_n_steps steps
 
     def get_metrics(self, trainer, pl_module):
         computed = getattr(trainer._logger_connector, "_progress_bar_metrics", {})  # filled on every rank
-        return {**get_standard_metrics(trainer), **computed}
+        return {**get_standard_metrics(trainer), **computed, **self.step_loss}
 
     def _line(self, trainer, text: str, prefix: str) -> None:
         metrics = {k: v for k, v in self.get_metrics(trainer, trainer.lightning_module).items() if k.startswith(prefix)}
@@ -52,8 +54,11 @@ class ProgressBar(TQDMProgressBar):
         super().on_train_start(trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         every = self.every_n_steps or trainer.log_every_n_steps
+        if trainer.is_global_zero and (batch_idx + 1) % every == 0 and (self.lines or not self.is_disabled):
+            loss = outputs["loss"] if isinstance(outputs, dict) else outputs  # (a read waits for the device:
+            self.step_loss = {"train/loss_step": float(loss)}                 # here alone, not every step)
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         if self.lines and trainer.is_global_zero and (batch_idx + 1) % every == 0:
             total = self.total_train_batches
             of = f"/{total}" if isinstance(total, int) else ""

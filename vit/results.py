@@ -163,7 +163,8 @@ def record_run(trainer, module, mode: str, argv: list[str], ckpt: str | None, me
         clock = TrainingClock.of(tested_checkpoint)
         recipe = Path(configs.named_recipes(argv)[-1]).stem if configs.named_recipes(argv) else run.parent.name
     best = module.val_acc_best.max_value  # restored with the tested checkpoint's state
-    reached = next((cb.reached for cb in trainer.callbacks if isinstance(cb, TimeToAccuracy)), None)
+    timer = next((cb for cb in trainer.callbacks if isinstance(cb, TimeToAccuracy)), None)
+    reached, reached_wall = (timer.reached, timer.reached_wall) if timer is not None else (None, None)
     record = make(
         recipe=recipe, argv=[mode, *argv] if mode == "test" else argv,
         # the strategy's device: Lightning's teardown has moved the module back to the CPU by now
@@ -176,7 +177,11 @@ def record_run(trainer, module, mode: str, argv: list[str], ckpt: str | None, me
         train_images_per_second=clock.get("train_images_per_second"),
         # the commands the run took, and their first batches' seconds (torch.compile's, in training_seconds)
         commands=clock.get("commands"), first_batches_seconds=clock.get("first_batches_seconds"),
-        **({"time_to_val_acc": {f"{t:.2f}": round(s, 1) for t, s in reached.items()}} if reached is not None else {}),
+        validation_seconds=clock.get("validation_seconds"),
+        # the training epochs' seconds alone, and the run's wall seconds beside them
+        **({"time_to_val_acc": {f"{t:.2f}": round(s, 1) for t, s in reached.items()},
+            "time_to_val_acc_wall": {f"{t:.2f}": round(s, 1) for t, s in reached_wall.items()}}
+           if reached is not None else {}),
         **({"configuration": configuration} if configuration is not None else {}))
     path = write(run, record, None if mode == "fit" else Path(ckpt).stem)
     wandb = wandb_logger(trainer.loggers)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from vit.benchmark import checkpoint, classify, data, fast_paths, folders, model, peak, startup, step
+from vit.benchmark import breakdown, checkpoint, classify, data, fast_paths, folders, model, peak, startup, step
 from vit.benchmark.report import write_report
 from vit.benchmark.common import BenchmarkError
 from vit.benchmark.time_bound import TimeBound, time_bound
@@ -17,7 +17,7 @@ from vit.exits import Stopped
 
 MODULES = {"model": model, "data": data, "peak": peak, "step": step, "fast-paths": fast_paths, "classify": classify,
            "checkpoint": checkpoint, "startup": startup,
-           "folders": folders}
+           "folders": folders, "breakdown": breakdown}
 SECTIONS = tuple(MODULES)
 
 
