@@ -51,9 +51,10 @@ def count(events, steps: int) -> dict:
     """Per step, over ``steps`` steps: the aten ops outside compiled graphs (top-level ones: an op that another
     aten op calls is part of that op's launch) and those of them that launch a kernel on a GPU (``NO_KERNEL``:
     the others), the host syncs, and the commonest ops of both kinds."""
-    outside, launching, syncs = Counter(), Counter(), Counter()
+    outside, launching, syncs, compiles = Counter(), Counter(), Counter(), 0
     for event in events:
         name = event.name
+        compiles += name == "OutputGraph.call_user_compiler (dynamo_timed)"  # torch.compile compiling a graph
         if not name.startswith("aten::"):
             continue
         parent, top, compiled = event.cpu_parent, True, False
@@ -74,6 +75,7 @@ def count(events, steps: int) -> dict:
         "top_ops_per_step": {name: n / steps for name, n in outside.most_common(25)},
         "top_launching_ops_per_step": {name: n / steps for name, n in launching.most_common(25) if n},
         "host_syncs_by_caller_per_step": {name: n / steps for name, n in syncs.most_common(10)},
+        "compiles": compiles,  # not steady steps when above 0: a compile's ops and syncs are counted too
     }
 
 
@@ -129,6 +131,10 @@ class StepProfile(L.Callback):
         if pl_module.device.type == "cuda":
             self.result["cuda_kernels_per_step"] = _kernels(self.profiler.events()) / steps
         self.profiler = None
+        if self.result["compiles"]:
+            rank_zero_info(f"step profile: torch.compile compiled during steps {self.first}–{trainer.global_step - 1} "
+                           "(a first batch, or a new image size): its counts are not those of steady steps; "
+                           "choose other steps with --trainer.callbacks.start")
         rank_zero_info(f"step profile (steps {self.first}–{trainer.global_step - 1}): "
                        f"{self.result['ops_outside_compiled_per_step']:.0f} ops outside compiled graphs "
                        f"({self.result['launching_ops_outside_compiled_per_step']:.0f} of them launch a kernel) and "
