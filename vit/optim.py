@@ -6,14 +6,16 @@ checkpoint of either one resumes in the other. Its step does the same arithmetic
 
 - each element-wise update (weight decay, momentum, Adam's moments) is one ``torch._foreach_*`` op over the
   parameter group, instead of one op per tensor;
-- the matrices of one shape are stacked into one batch and orthogonalised by one call of timm's
-  ``zeropower_via_newtonschulz`` (5 iterations of 3 batched matrix products), instead of one call per matrix;
+- the matrices of one shape (up to transposition: timm orthogonalises a tall matrix as its transpose) are
+  stacked into one batch and orthogonalised by one call of timm's ``zeropower_via_newtonschulz`` (5 iterations
+  of 3 batched matrix products), instead of one call per matrix;
 - the AdamW fallback reads its step counts (CPU tensors, as timm keeps them) once per group, where timm reads
   each parameter's with ``.item()``.
 
-On a GPU an op is one kernel launch or a few: for the default model (36 matrices in 4 shapes, 80 other
-tensors) the step issues about 160 ops where timm's issues about 2,000 (torch's profiler counts them), and
-none of them waits on the GPU. The numbers are those of timm's step (tests/test_optim.py compares them in
+On a GPU an op is one kernel launch or a few: for the default model (36 matrices in 3 batches, 80 other
+tensors) the step orthogonalises with 45 batched products where timm's runs 540, its AdamW takes a dozen
+foreach ops where timm's runs several per tensor (torch's profiler counts them: docs/speed.md), and none of its
+ops waits on the GPU. The numbers are those of timm's step (tests/test_optim.py compares them in
 float32 on a CPU: equal to the bit).
 
 Where a group is one this step does not batch — algo "adamuon", capturable, a tensor lr, a Muon parameter
@@ -102,16 +104,23 @@ class Muon(timm_muon.Muon):
         torch._foreach_lerp_(buffers, grads, 1 - momentum)
         updates = torch._foreach_lerp(grads, buffers, momentum) if group["nesterov"] else buffers
         coefficients = timm_muon.resolve_ns_coefficients(group["ns_coefficients"], timm_muon._COEFFICIENTS)
+        # one batch per shape up to transposition: timm orthogonalises a tall matrix as its transpose, so an
+        # (m, n) and an (n, m) matrix with the same lr scale share a batch (the MLP's two), wide ones first
         batches = {}
         for i, p in enumerate(params):
-            batches.setdefault((p.shape, p.dtype, p.device), []).append(i)
-        for (shape, dtype, _), indices in batches.items():
+            scale = timm_muon.get_lr_scale(p.shape, group["adjust_lr_fn"]) if group["adjust_lr_fn"] else 1.0
+            batches.setdefault((tuple(sorted(p.shape)), scale, p.dtype, p.device), [[], []])[
+                p.shape[0] > p.shape[1]].append(i)
+        for (_, scale, dtype, _), (wide, tall) in batches.items():
             ortho = timm_muon.zeropower_via_newtonschulz(
-                torch.stack([updates[i] for i in indices]), group["ns_steps"], coefficients, eps=group["eps"],
-                safety_factor=group["safety_factor"], dtype=self.ns_dtype, scale_eps=group["scale_eps"])
-            scale = timm_muon.get_lr_scale(shape, group["adjust_lr_fn"]) if group["adjust_lr_fn"] else 1.0
-            ortho = ortho.to(dtype, memory_format=torch.contiguous_format)  # (the foreach kernels' fast path)
-            torch._foreach_add_([params[i] for i in indices], ortho.unbind(), alpha=-lr * scale)
+                torch.stack([updates[i] for i in wide] + [updates[i].mT for i in tall]), group["ns_steps"],
+                coefficients, eps=group["eps"], safety_factor=group["safety_factor"], dtype=self.ns_dtype,
+                scale_eps=group["scale_eps"])
+            # contiguous, in the parameters' dtype (the foreach kernels' fast path); the tall ones transposed back
+            parts = [ortho[: len(wide)].to(dtype, memory_format=torch.contiguous_format),
+                     ortho[len(wide) :].mT.to(dtype, memory_format=torch.contiguous_format)]
+            torch._foreach_add_([params[i] for i in wide + tall], [m for part in parts for m in part.unbind()],
+                                alpha=-lr * scale)
 
     def adamw_update(self, group: dict, params: list) -> None:
         """timm's _single_tensor_adamw, or _single_tensor_nadamw when the group is Nesterov's, as timm's Muon
