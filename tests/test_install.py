@@ -13,9 +13,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.long
-def test_wheel_carries_recipes_and_commands(tmp_path):
-    source = tmp_path / "src"  # a copy: building writes build/ and *.egg-info beside the sources
+def build_wheel(tmp_path: Path) -> Path:
+    """The project's wheel, built (pip, no build isolation: nothing downloaded) from a copy of the checkout
+    under ``tmp_path``: building writes build/ and *.egg-info beside the sources."""
+    source = tmp_path / "src"
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", ".venv*", "runs", "data", "build", "*.egg-info",
                                                                  "__pycache__", ".pytest_cache", "docs"))
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
@@ -23,6 +24,12 @@ def test_wheel_carries_recipes_and_commands(tmp_path):
     assert build.returncode == 0, build.stderr[-2000:]
     assert "Deprecat" not in build.stdout + build.stderr
     (wheel,) = (tmp_path / "dist").glob("vit_lightning-*.whl")  # the distribution; the import name stays vit
+    return wheel
+
+
+@pytest.mark.long
+def test_wheel_carries_recipes_and_commands(tmp_path):
+    wheel = build_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     assert {"vit/configs/base.yaml", "vit/configs/smoke.yaml", "vit/configs/cpu.yaml", "vit/commands/train.py"} <= set(names)
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
@@ -47,6 +54,66 @@ def test_wheel_carries_recipes_and_commands(tmp_path):
     text = " ".join(proc.stdout.split())
     assert "a recipe (cpu, finetune_cifar10, smoke, vit_cifar10, vit_cifar10_fast, vit_tiny_cifar10)" in text
     assert "site/vit/configs/smoke.yaml" in text.replace(" ", "")  # found in the installed package
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.long
+def test_every_command_of_the_installed_wheel_starts_outside_the_checkout(tmp_path):
+    """`pip install .` (or git+URL) as a user gets it: the wheel holds every package under vit/ and every
+    recipe, and in a venv of its own, away from the checkout, each console script of pyproject.toml answers
+    --help (a package left out of the wheel ends in an ImportError here, not in a user's hands)."""
+    import tomllib
+
+    wheel = build_wheel(tmp_path)
+    names = set(zipfile.ZipFile(wheel).namelist())
+    packages = {".".join(f.parent.relative_to(ROOT).parts) for f in (ROOT / "vit").rglob("__init__.py")}
+    in_wheel = {n.removesuffix("/__init__.py").replace("/", ".") for n in names if n.endswith("/__init__.py")}
+    assert in_wheel == packages | {"vit.configs"}, sorted(in_wheel ^ (packages | {"vit.configs"}))
+    recipes = sorted(f.name for f in (ROOT / "configs").glob("*.yaml"))
+    assert {f"vit/configs/{name}" for name in recipes} <= names, sorted(n for n in names if "configs" in n)
+
+    # a venv of its own that sees this venv's packages (torch, lightning, ...) but not the project: a
+    # folder of links to them, less vit-lightning's install (editable: its finder leads to the checkout)
+    import torch
+
+    site = Path(torch.__file__).parents[1]
+    environment = tmp_path / "environment"
+    environment.mkdir()
+    for entry in site.iterdir():
+        if entry.name != "vit" and not entry.name.lower().startswith(("vit_lightning", "__editable__", "_virtualenv")):
+            (environment / entry.name).symlink_to(entry)
+    venv = tmp_path / "venv"
+    subprocess.run([sys._base_executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    (next((venv / "lib").glob("python3*")) / "site-packages" / "environment.pth").write_text(f"{environment}\n")
+    env = clean_env(PIP_NO_INDEX="1")  # nothing downloaded: --no-deps, and no index
+    env.pop("PYTHONPATH", None)
+    python = str(venv / "bin" / "python")
+    install = subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps", str(wheel)], cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=300)
+    assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-2000:]
+
+    elsewhere = tmp_path / "elsewhere"  # not the checkout, nor a folder holding it
+    elsewhere.mkdir()
+    where = subprocess.run([python, "-c", "import sys, vit, vit.configs; print(vit.__file__); "
+                                          "print(vit.configs.__file__); print(' '.join(vit.configs.names())); "
+                                          "print(sys.argv[1] in sys.path)", str(ROOT)],
+                           cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
+    assert where.returncode == 0, where.stderr[-2000:]
+    vit_at, configs_at, found, checkout_on_path = where.stdout.splitlines()
+    assert vit_at.startswith(str(venv)) and configs_at.startswith(str(venv)), where.stdout
+    assert sorted(found.split()) == sorted(n.removesuffix(".yaml") for n in recipes if n != "base.yaml"), found
+    assert checkout_on_path == "False"
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert {"vit-train", "vit-plan", "vit-benchmark"} <= set(scripts), scripts
+    failed = {}
+    for command in scripts:
+        proc = subprocess.run([str(venv / "bin" / command), "--help"], cwd=elsewhere, env=env, capture_output=True,
+                              text=True, timeout=300)
+        output = proc.stdout + proc.stderr
+        if proc.returncode != 0 or "Traceback" in output or command not in proc.stdout:
+            failed[command] = f"exit {proc.returncode}: {output[-1500:]}"
+    assert not failed, "\n\n".join(f"{command} --help: {why}" for command, why in failed.items())
     assert list(elsewhere.iterdir()) == []
 
 
