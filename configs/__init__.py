@@ -69,7 +69,8 @@ def default_files(mode: str, argv: list[str], note: bool = True) -> list[Path]:
         defaults.append(path(CPU))
         if note:
             rank_zero_info(f"no GPU here: the default recipe {DEFAULT} is a GPU recipe (100 epochs, bf16), so "
-                           f"this runs the {CPU} recipe (10 minutes); name a recipe with --config to choose")
+                           f"this runs the {CPU} recipe (10 minutes); name a recipe with --config to choose. On a "
+                           f"cluster's login node, train on a GPU node instead: sbatch scripts/slurm/train.sbatch")
     if {"-h", "--help"} & set(argv):
         defaults += [path(name) for name in named_recipes(argv)]
     return defaults

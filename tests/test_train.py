@@ -422,6 +422,7 @@ def test_without_a_gpu_the_default_is_the_cpu_recipe(tmp_path, fake_cifar_sessio
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert ("no GPU here: the default recipe vit_cifar10 is a GPU recipe (100 epochs, bf16), so this runs the cpu "
             "recipe (10 minutes)") in proc.stderr
+    assert "On a cluster's login node, train on a GPU node instead: sbatch scripts/slurm/train.sbatch" in proc.stderr
     assert "step 0: training on 16-px images (16 patch tokens)" in proc.stderr and "logging offline" in proc.stderr
     config = (tmp_path / "runs" / "cpu" / "version_0" / "config.yaml").read_text()
     assert "pipeline: device" in config and "max_time: 00:00:00:03" in config
