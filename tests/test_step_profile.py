@@ -73,7 +73,7 @@ def test_the_count_sees_a_host_sync():
 def test_the_fast_recipes_compiled_step_issues_few_ops_outside_its_graphs(tmp_path, data):
     """The fast recipe as it is (default model, compiled, bf16-mixed), batch 64: at most 300 ops a step outside
     the compiled graphs that launch a kernel, and no host sync. The recipe's record (results/step-profile/,
-    docs/speed.md: 213 of them on an AMD EPYC, 2 threads) is below the limit with a margin; the count does not
+    docs/speed.md: 189 of them on an AMD EPYC, 2 threads) is below the limit with a margin; the count does not
     depend on the CPU (it counts ops, not time)."""
     counts = profile(tmp_path, data, tmp_path / "profile.json")
     assert counts["compiled"] is True and counts["precision"] == "bf16-mixed" and counts["compiles"] == 0
