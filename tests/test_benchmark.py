@@ -234,6 +234,12 @@ def test_the_breakdown_splits_a_step_into_data_model_optimizer_and_the_rest(tmp_
     assert graphed == {"mode": "graphed", "skipped": "CUDA graphs need a CUDA device, this one is cpu"}
     out = capsys.readouterr().out
     assert "rest_ms" in out and "launches_per_step" in out and "# graphed: skipped, CUDA graphs need" in out
+    from vit.tables import _bench_rows  # the record's rows on a page: each part's ms, as the report has them
+
+    rows = [row for row in _bench_rows(report) if row[0].startswith("where a training step goes")]
+    assert len(rows) == 2 and rows[1][2] == graphed["skipped"]
+    assert rows[0][1].startswith(f"{eager['step_ms']:.1f} ({eager['data_ms']:.1f} / {eager['model_ms']:.1f} / ")
+    assert f"**{eager['peak_fraction']:.2f}**" in rows[0][3]
 
 
 @pytest.mark.long

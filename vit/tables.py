@@ -142,6 +142,16 @@ def _bench_rows(r: dict) -> list[list[str]]:
         rows.append([f"whole training step, {s['preset']}, batch {s['batch_size']}, {s['dtype']}"
                      + (", compiled" if s.get("compiled") else "") + " (img/s)",
                      f"{n(s['img_s'])} ({s['achieved_tflops']:.3g} TFLOP/s{mfu})", reference, fraction, "—"])
+    for b in r.get("breakdown", []):
+        if "skipped" in b:
+            rows.append([f"where a training step goes, {b['mode']}", "—", b["skipped"], "—", "—"])
+            continue
+        rows.append([f"where a training step goes, {b['mode']}, batch {b['batch_size']}, {b['dtype']}: ms a step "
+                     f"(data / model / optimizer / rest), kernel launches and host syncs a step",
+                     f"{b['step_ms']:.1f} ({b['data_ms']:.1f} / {b['model_ms']:.1f} / {b['optimizer_ms']:.1f} / "
+                     f"{b['rest_ms']:.1f}), {b['launches_per_step']:,.0f} launches, {b['host_syncs_per_step']:g} syncs",
+                     f"{n(b['img_s'])} img/s ({b['achieved_tflops']:.3g} TFLOP/s)",
+                     f"**{b['peak_fraction']:.2f}** of the matmul peak", "—"])
     fast = r.get("fast-paths", [])
     fp32 = {(v["threads"], v["compiled"]): v["img_s"] for v in fast
             if v["dtype"] == "float32" and v.get("optimizer", "adamw") == "adamw"}
