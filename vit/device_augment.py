@@ -91,12 +91,18 @@ _KINDS = {"Brightness": _BRIGHTNESS, "Contrast": _CONTRAST, "AutoContrast": _AUT
 _ONE_255TH = struct.unpack("f", struct.pack("f", 1.0 / 255))[0]  # F.autocontrast's float32 1/255
 
 
-def _dataclass_slice(self, index):
-    return type(self)(*(getattr(self, f.name)[index] for f in fields(self)))
+class _Draws:
+    """Per-image draws, one tensor per field with images first: indexing selects images, len counts them."""
+
+    def __getitem__(self, index):
+        return type(self)(*(getattr(self, f.name)[index] for f in fields(self)))
+
+    def __len__(self) -> int:
+        return len(getattr(self, fields(self)[0].name))
 
 
 @dataclass(frozen=True)
-class AutoAugmentDraws:
+class AutoAugmentDraws(_Draws):
     """The random choices of AutoAugment for n images: ``policy`` (n, int64) the sub-policy of each,
     ``applied`` (n×2, bool) whether each of its two operations applies, ``negative`` (n×2, bool) whether a
     signed operation's magnitude is negated. Indexing (``draws[a:b]``, ``draws[rank::world]``) selects
@@ -105,11 +111,6 @@ class AutoAugmentDraws:
     policy: torch.Tensor
     applied: torch.Tensor
     negative: torch.Tensor
-
-    __getitem__ = _dataclass_slice
-
-    def __len__(self) -> int:
-        return len(self.policy)
 
 
 # --- torchvision's geometry, copied so the grids are its grids ---------------------------------------
@@ -371,7 +372,7 @@ def autoaugment(images: torch.Tensor, draws: AutoAugmentDraws | None = None,
 
 # --- random erasing -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class ErasingDraws:
+class ErasingDraws(_Draws):
     """The uniform numbers timm's RandomErasing draws for n images, in [0, 1): ``erase`` (n; the image
     is erased where ``erase <= probability``), ``area`` and ``aspect`` (n×attempts; each try's share of the
     area range and of the log aspect-ratio range), ``top`` and ``left`` (n; where the rectangle goes among
@@ -382,11 +383,6 @@ class ErasingDraws:
     aspect: torch.Tensor
     top: torch.Tensor
     left: torch.Tensor
-
-    __getitem__ = _dataclass_slice
-
-    def __len__(self) -> int:
-        return len(self.erase)
 
 
 def random_erasing_draws(n: int, device: torch.device | str | None = None,
