@@ -254,15 +254,18 @@ class BreakBatch(L.Callback):
 
 
 class RecordData(L.Callback):
-    """The image folders as this process took them at its start: ``<run>/data.<rank>``, a JSON list of the
-    training images (in the order of the training set) and the files skipped as unreadable."""
+    """The image folders as this process took them at its start (a resumed run's after its checkpoint was
+    restored): ``<run>/data.<rank>``, a JSON list of the training images (in the order of the training set),
+    the files skipped as unreadable, and the validation images."""
 
     def on_fit_start(self, trainer, pl_module):
         import json
         from pathlib import Path
 
         dm = trainer.datamodule
-        train = dm.train_set
+        train, val = dm.train_set, dm.val_set
         paths = [train.dataset.samples[i][0] for i in train.indices]
+        held = [val.dataset.samples[i][0] for i in val.indices] if hasattr(val, "indices") else \
+            [path for path, _ in val.samples]
         (Path(trainer.default_root_dir) / f"data.{trainer.global_rank}").write_text(
-            json.dumps([paths, sorted(dm.bad_files)]))
+            json.dumps([paths, sorted(dm.bad_files), held]))

@@ -1,6 +1,9 @@
 """Your own image folders (torchvision ImageFolder underneath), the one image loader, fine-tuning weights."""
 
+import json
+import os
 import re
+import shutil
 from types import SimpleNamespace
 
 import numpy as np
@@ -16,7 +19,7 @@ from vit.inference import Classifier
 from vit.model import ViTConfig, VisionTransformer
 from vit.module import ViTClassifier
 from vit.preprocessing import Metadata
-from helpers import write_bad_files, write_images
+from helpers import load, write_bad_files, write_images
 
 
 @pytest.fixture
@@ -196,3 +199,145 @@ def test_lightning_ends_the_folder_loaders_workers_with_its_stage_and_the_loader
         assert [batch.tolist() for batch in wrapped] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     combined.reset()
     assert set(multiprocessing.active_children()) <= before
+
+
+def split_of(dm) -> tuple[set[str], set[str]]:
+    """The (training, validation) image paths a set-up folder module took."""
+    return ({dm.train_set.dataset.samples[i][0] for i in dm.train_set.indices},
+            {dm.val_set.dataset.samples[i][0] for i in dm.val_set.indices})
+
+
+def change_folder(root, trained, held) -> tuple[set[str], set[str]]:
+    """Add 21 images (in new subfolders of two classes) and remove 3 trained and 2 held-out ones: (added, removed)."""
+    write_images(root / "train" / "red" / "added", 15, (200, 20, 20), size=16, seed=5)
+    write_images(root / "train" / "blue" / "added", 6, (20, 20, 200), size=16, seed=6)
+    removed = set(sorted(trained)[:3]) | set(sorted(held)[:2])
+    for path in removed:
+        os.remove(path)
+    added = {str(p) for p in (root / "train").rglob("*") if p.parent.name == "added"}
+    return added, removed
+
+
+@pytest.mark.parametrize("val_size", [0.25, 9])
+def test_a_resumed_split_holds_out_no_trained_image_when_images_are_added_and_removed(tmp_path, val_size):
+    """A checkpoint's split (the data module's state) kept over a changed folder: every image the run trained
+    on stays in training, every held-out one still there stays held out, and only added images join either."""
+    root = tmp_path / "photos"
+    for name, colour in (("red", (200, 20, 20)), ("blue", (20, 20, 200)), ("green", (20, 200, 20))):
+        write_images(root / "train" / name, 12, colour, size=16)
+    first = ImageFolderDataModule(root=str(root), image_size=16, num_workers=0, val_size=val_size)
+    first.setup("fit")
+    state = first.state_dict()
+    trained, held = split_of(first)
+    assert len(held) == 9 and [sorted(first.whole.targets[i] for i in first.val_set.indices).count(c)
+                               for c in range(3)] == [3, 3, 3]  # stratified, as configured
+    added, removed = change_folder(root, trained, held)
+    resumed = ImageFolderDataModule(root=str(root), image_size=16, num_workers=0, val_size=val_size)
+    resumed.setup("fit")
+    resumed.load_state_dict(state)
+    trained_now, held_now = split_of(resumed)
+    assert not trained & held_now  # no trained image held out
+    assert held - removed <= held_now and held_now - held <= added
+    assert trained - removed <= trained_now and trained_now | held_now == (trained | held | added) - removed
+    assert resumed.test_set is resumed.val_set and resumed.state_dict()["held_out"] == state["held_out"]
+    assert 0 < len(held_now & added) < len(added)  # the added images join both sides (seeded: always these)
+
+
+def test_a_split_a_resume_cannot_keep_is_refused_in_one_line(tmp_path):
+    from vit.exits import CheckpointError, ConfigError
+
+    root = tmp_path / "photos"
+    for name, colour in (("red", (200, 20, 20)), ("blue", (20, 20, 200))):
+        write_images(root / "train" / name, 10, colour, size=16)
+
+    def resume(state, **kwargs):
+        dm = ImageFolderDataModule(root=str(root), image_size=16, num_workers=0, **kwargs)
+        dm.setup("fit")
+        if state is not None:
+            dm.load_state_dict(state)
+        return dm
+
+    first = resume(None, val_size=4)
+    state = first.state_dict()
+    with pytest.raises(ConfigError, match=r"^the checkpoint: the run drew its validation images with --data.val_size 4 "
+                                          r"--data.seed 0, and this command has --data.val_size 0.2 --data.seed 0: "
+                                          r"resume with --data.val_size 4 --data.seed 0 \(images added to or removed "
+                                          r"from train/ move no other image\), or start a new run$"):
+        resume(state, val_size=0.2)
+    with pytest.raises(ConfigError, match="--data.seed 1: resume with --data.val_size 4 --data.seed 0"):
+        resume(state, val_size=4, seed=1)
+    for crafted in ({**state["held_out"], "limits": ["0", None]}, {**state["held_out"], "limits": [2**63, 0]}, 7):
+        with pytest.raises(CheckpointError, match=r"^the checkpoint: its validation split \(held_out\) is not one "
+                                                  r"this version wrote: start a new run$"):
+            resume({**state, "held_out": crafted}, val_size=4)
+    (root / "train" / "blue").rename(root / "train" / "navy")
+    with pytest.raises(DatasetError, match=r"the run's classes were blue, red, and .*/train now has navy, red: put "
+                                           r"the class folders back as they were, or start a new run$"):
+        resume(state, val_size=4)
+    (root / "train" / "navy").rename(root / "train" / "blue")
+    write_images(root / "val" / "red", 2, (200, 20, 20), size=16)
+    with pytest.raises(DatasetError, match=r"the run drew its validation images from .*/train, and .*/val now "
+                                           r"exists: remove val/ to resume, or start a new run$"):
+        resume(state, val_size=4)
+    on_val = resume(None)
+    validated_on_val = on_val.state_dict()
+    assert validated_on_val["held_out"] == "val/" and on_val.test_set is on_val.val_set and len(on_val.val_set) == 2
+    shutil.rmtree(root / "val")
+    with pytest.raises(DatasetError, match=r"the run validated on .*/val, which is gone: put it back, or start a "
+                                           r"new run \(without val/"):
+        resume(validated_on_val)
+    assert split_of(resume(state, val_size=4)) == split_of(first)  # the folder as it was: the same split
+
+
+def test_a_run_resumed_on_a_changed_folder_validates_on_no_image_it_trained_on(tmp_path, caplog):
+    """vit-train's main() in this process: epoch 0, then images added and removed, then the resume (epoch 1 and
+    the test): the images each start took, as it trained (callbacks.RecordData)."""
+    from helpers import TEST_LINE, train_here
+
+    root = tmp_path / "photos"
+    for name, colour in (("red", (200, 20, 20)), ("blue", (20, 20, 200))):
+        write_images(root / "train" / name, 16, colour, size=16)
+    args = ["--data", "vit.data.ImageFolderDataModule", "--data.root", str(root), "--data.val_size", "0.25",
+            "--data.batch_size", "8", "--data.num_workers", "0", "--model.arch.image_size", "16",
+            "--model.arch.patch_size", "4", "--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads",
+            "2", "--trainer.max_epochs", "2", "--trainer.logger", "false", "--trainer.callbacks+=callbacks.RecordData"]
+    run = tmp_path / "runs/smoke/version_0"
+    assert train_here(tmp_path, None, *args, "--test_after_fit", "false",
+                      "--trainer.callbacks+=callbacks.StopAfterEpoch", "--trainer.callbacks.epoch", "0") == 0, \
+        caplog.text[-3000:]
+    trained, _, held = (set(paths) for paths in json.loads((run / "data.0").read_text()))
+    assert len(held) == 8 and len(trained) == 24
+    added, removed = change_folder(root, trained, held)
+    caplog.clear()
+    assert train_here(tmp_path, None, *args, "--ckpt_path", "last") == 0, caplog.text[-3000:]
+    assert load(run / "checkpoints/last.ckpt")["epoch"] == 1
+    trained_now, _, held_now = (set(paths) for paths in json.loads((run / "data.0").read_text()))
+    assert not trained & held_now  # validated, and tested, on no image it trained on
+    assert held - removed <= held_now and held_now - held <= added and trained - removed <= trained_now
+    assert trained_now | held_now == (trained | held | added) - removed
+    assert int(re.search(TEST_LINE, caplog.text).group(1)) == len(held_now)
+
+
+def test_an_earlier_versions_checkpoint_keeps_the_split_it_drew(folders, caplog):
+    """A checkpoint without a kept split (an earlier version's: its data state holds the position only) is
+    resumed with the split that version drew at every start, said in one line."""
+    import logging
+
+    from vit.data import stratified_split
+
+    caplog.set_level(logging.INFO)
+    dm = ImageFolderDataModule(root=str(folders), image_size=16, num_workers=0, val_size=4, seed=3)
+    dm.setup("fit")
+    dm.load_state_dict({"train_epochs": 1, "epoch": 0, "images": 0, "skipped_images": 0})
+    samples = dm.train_set.dataset.samples
+    _, then = stratified_split(torch.tensor([t for _, t in samples]), 4, seed=3)
+    assert split_of(dm)[1] == {samples[i][0] for i in then.tolist()}
+    assert sum("written by an earlier version, which did not keep its split" in r.getMessage()
+               for r in caplog.records) == 1
+    again = ImageFolderDataModule(root=str(folders), image_size=16, num_workers=0, val_size=4, seed=3)
+    again.setup("fit")
+    again.load_state_dict(dm.state_dict())  # its later checkpoints go on with that split
+    assert split_of(again) == split_of(dm)
+    fresh = ImageFolderDataModule(root=str(folders), image_size=16, num_workers=0, val_size=4, seed=3)
+    fresh.setup("fit")
+    assert split_of(fresh) != split_of(dm)  # (a new run's split is another: the test above tells them apart)

@@ -14,6 +14,7 @@ Batches are uint8 images and integer labels; mean/std belong to the model (``vit
 from __future__ import annotations
 
 import copy
+import hashlib
 import sys
 from functools import partial
 from pathlib import Path
@@ -30,7 +31,7 @@ from torchvision.transforms import v2
 
 from vit import cifar, folder_index
 from vit.cifar import DatasetError
-from vit.exits import ConfigError
+from vit.exits import CheckpointError, ConfigError
 from vit.images import ImageError, load_image
 from vit.preprocessing import resize
 from vit.resume import DataPosition, EpochOrder, SeededSamples
@@ -55,6 +56,15 @@ def stratified_split(labels: torch.Tensor, val_size: int, seed: int) -> tuple[to
     picked = torch.argsort(frac + torch.rand(len(labels), generator=g, dtype=torch.float64) * 1e-9)
     val_idx, train_idx = picked[:val_size], picked[val_size:]
     return train_idx.sort().values, val_idx.sort().values
+
+
+def path_keys(paths: list[str], seed: int) -> torch.Tensor:
+    """Each path's key in the seeded order an image folder's validation split takes (int64: 8 bytes of
+    BLAKE2b of the seed and the path). A key depends on its own path alone: adding or removing an image
+    changes no other image's key."""
+    return torch.tensor([int.from_bytes(hashlib.blake2b(f"{seed}\0{path}".encode(errors="surrogateescape"),
+                                                        digest_size=8).digest(), "big", signed=True)
+                         for path in paths], dtype=torch.int64)
 
 
 MIN_SHARE = 8  # images per process and step, at least, when a batch is split among processes
@@ -456,14 +466,29 @@ class ClassFolder(ImageFolder):
         return self.transform(image), target
 
 
+EARLIER = "drawn at each start"  # the split of a checkpoint an earlier version wrote: drawn as it drew it
+
+
+def well_formed(held_out: dict) -> bool:
+    """Whether a checkpoint's ``held_out`` is a drawn split as ``ImageFolderDataModule`` writes it."""
+    return (held_out.keys() == {"seed", "val_size", "classes", "limits"} and isinstance(held_out["seed"], int)
+            and isinstance(held_out["val_size"], (int, float)) and isinstance(held_out["classes"], list)
+            and isinstance(held_out["limits"], list) and len(held_out["classes"]) == len(held_out["limits"])
+            and all(isinstance(c, str) for c in held_out["classes"])
+            and all(v is None or isinstance(v, int) and -2**63 <= v < 2**63 for v in held_out["limits"]))
+
+
 class ImageFolderDataModule(ImageDataModule):
     """Your own images, one folder per class: ``root/train/<class>/*``, optionally ``root/val/`` and
-    ``root/test/`` with the same class folders. Without ``val/``, ``val_size`` of ``train/`` is split
-    off, stratified; without ``test/``, the validation images are used for the test. Every file is
-    checked once per state of the folder, by one process, and the result kept in the folder's index
-    (vit.folder_index), which later starts and the other processes reuse; unreadable ones are skipped
-    (listed in the run folder's bad_files.txt) or stop the run before training. Images of any size and
-    mode are resized to image_size × image_size."""
+    ``root/test/`` with the same class folders. Without ``val/``, ``val_size`` of ``train/`` is held out
+    for validation, stratified: each class's share, its images of smallest key (``path_keys``: a seeded hash
+    of the image's path in train/). The checkpoint keeps that split as each class's largest key held out: a
+    resumed run holds out the same images, and of the images added since, those whose key is within their
+    class's limit (about the class's share); an image the run trained on is never held out. Without ``test/``,
+    the validation images are used for the test. Every file is checked once per state of the folder, by one
+    process, and the result kept in the folder's index (vit.folder_index), which later starts and the other
+    processes reuse; unreadable ones are skipped (listed in the run folder's bad_files.txt) or stop the run
+    before training. Images of any size and mode are resized to image_size × image_size."""
 
     def __init__(self, root: str, on_bad_file: Literal["skip", "error"] = "skip", index: str | None = None,
                  **kwargs):
@@ -485,6 +510,7 @@ class ImageFolderDataModule(ImageDataModule):
         if not self.classes:
             raise DatasetError(f"{train} has no class folders: expected {train}/<class>/<images>")
         self.bad_files: dict[str, str] = {}
+        self.recorded = None  # the split of the checkpoint this run resumes (load_state_dict)
 
     def index_path(self) -> Path | None:
         """Where the folder's index is kept: ``index``, else the run folder's (none without a Trainer)."""
@@ -536,14 +562,107 @@ class ImageFolderDataModule(ImageDataModule):
         self._skip_bad(index, list(folders.values()))
         if not train.samples:
             raise DatasetError(f"{self.root / 'train'} holds no readable images in the class folders {self.classes}")
-        if val is None:
-            train_idx, val_idx = self.split(torch.tensor(train.targets))
-            held_out = copy.copy(train)  # the same scanned, checked files, with the validation transform
-            held_out.transform = self.eval_transform()
-            val, train = Subset(held_out, val_idx.tolist()), Subset(train, train_idx.tolist())
         if test is None:
             rank_zero_info(f"{self.root} has no test/ folder: the validation images are used for the test")
         self.train_set, self.val_set, self.test_set = train, val, test or val
+        if val is None:
+            self.whole = train
+            self.labels, self.keys = torch.tensor(train.targets), path_keys(self._relative(train), self.seed)
+            self.held_out = self.draw_held_out()
+        else:
+            self.held_out = "val/"
+        self._take(self.held_out if self.recorded is None else self.recorded)
+
+    def _relative(self, train: ClassFolder) -> list[str]:
+        """The training images' paths relative to train/ (``<class>/<file>``), as the folder's walk wrote them."""
+        prefix = len(str(self.root / "train")) + 1
+        return [path[prefix:] for path, _ in train.samples]
+
+    def draw_held_out(self) -> dict:
+        """This folder's split, drawn afresh: each class's stratified share of ``val_size`` (its count, as in
+        CIFAR-10's split), taken as its images of smallest key; kept as each class's largest key taken (None:
+        the class has no validation image). An image is held out while its key is at most its class's limit."""
+        _, val_idx = self.split(self.labels)
+        taken = torch.bincount(self.labels[val_idx], minlength=self.num_classes)
+        order = self.keys.argsort()
+        order = order[self.labels[order].argsort(stable=True)]  # by class, then by key
+        counts = torch.bincount(self.labels, minlength=self.num_classes)
+        ends = torch.cumsum(counts, 0) - counts + taken - 1
+        limits = [self.keys[order[end]].item() if k else None for end, k in zip(ends.tolist(), taken.tolist())]
+        return {"seed": self.seed, "val_size": self.val_size, "classes": list(self.classes), "limits": limits}
+
+    def _take(self, held_out: dict | str) -> None:
+        """Hold out the validation images ``held_out`` names (``"val/"``: the val/ folder; ``EARLIER``: the
+        split of an earlier version's checkpoint), or refuse a checkpoint's split that this folder and command
+        line cannot keep (``check_held_out``)."""
+        self.check_held_out(held_out)
+        if held_out == EARLIER and self.held_out == "val/":
+            held_out = "val/"  # (what the earlier version validated on too)
+        said, self.held_out = self.held_out == EARLIER, held_out
+        if held_out == "val/":
+            return
+        if held_out == EARLIER:
+            if not said:
+                rank_zero_info(f"{self._checkpoint()}: written by an earlier version, which did not keep its "
+                               f"split: its validation images are drawn as it drew them, over the images in "
+                               f"{self.root / 'train'} now (if images were added or removed since, some it "
+                               f"trained on may be among them: a new run rules that out)")
+            held = torch.zeros(len(self.labels), dtype=torch.bool)
+            held[self.split(self.labels)[1]] = True
+        else:
+            limits = torch.tensor([-1 if v is None else v for v in held_out["limits"]], dtype=torch.int64)
+            some = torch.tensor([v is not None for v in held_out["limits"]])
+            held = (self.keys <= limits[self.labels]) & some[self.labels]
+        if not held.any():
+            raise DatasetError(f"{self.root / 'train'} holds none of the run's validation images any more: "
+                               f"start a new run")
+        held_out_images = copy.copy(self.whole)  # the same scanned, checked files, with the validation transform
+        held_out_images.transform = self.eval_transform()
+        self.train_set = Subset(self.whole, (~held).nonzero().flatten().tolist())
+        self.val_set = Subset(held_out_images, held.nonzero().flatten().tolist())
+        self.test_set = self.test_set if isinstance(self.test_set, ClassFolder) else self.val_set
+
+    def check_held_out(self, held_out) -> None:
+        """A checkpoint's split (``held_out``: its ``held_out`` state) that this start cannot keep is refused in
+        one line: kept, no image the run trained on is ever held out for validation."""
+        if held_out is self.held_out:
+            return
+        name = self._checkpoint()
+        drawn = isinstance(held_out, dict)
+        if not (well_formed(held_out) if drawn else held_out in ("val/", EARLIER)):
+            raise CheckpointError(f"{name}: its validation split (held_out) is not one this version wrote: "
+                                  f"start a new run")
+        if held_out == "val/" and self.held_out != "val/":
+            raise DatasetError(f"{name}: the run validated on {self.root / 'val'}, which is gone: put it back, or "
+                               f"start a new run (without val/, the validation images come from train/, which "
+                               f"the run trained on)")
+        if drawn and self.held_out == "val/":
+            raise DatasetError(f"{name}: the run drew its validation images from {self.root / 'train'}, and "
+                               f"{self.root / 'val'} now exists: remove val/ to resume, or start a new run")
+        if drawn and held_out["classes"] != self.classes:
+            raise DatasetError(f"{name}: the run's classes were {', '.join(held_out['classes'])}, and "
+                               f"{self.root / 'train'} now has {', '.join(self.classes)}: put the class folders "
+                               f"back as they were, or start a new run")
+        if drawn and (held_out["val_size"], held_out["seed"]) != (self.val_size, self.seed):
+            theirs = f"--data.val_size {held_out['val_size']} --data.seed {held_out['seed']}"
+            raise ConfigError(f"{name}: the run drew its validation images with {theirs}, and this command has "
+                              f"--data.val_size {self.val_size} --data.seed {self.seed}: resume with {theirs} "
+                              f"(images added to or removed from train/ move no other image), or start a new run")
+
+    def _checkpoint(self) -> str:
+        """The checkpoint being restored, as the user named it."""
+        return (self.trainer.ckpt_path if self.trainer is not None else None) or "the checkpoint"
+
+    def state_dict(self) -> dict:
+        """The data's position, and the run's split (``held_out``), which a resume keeps."""
+        state = super().state_dict()
+        return {**state, "held_out": self.held_out} if hasattr(self, "held_out") else state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self.recorded = state_dict.get("held_out", EARLIER)
+        if hasattr(self, "held_out"):  # (Lightning restores after setup)
+            self._take(self.recorded)
 
     def _loader(self, dataset, train: bool, collate_fn=None) -> SkipUnreadable:
         trainer = self.trainer
