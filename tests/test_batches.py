@@ -156,8 +156,9 @@ def test_the_out_of_memory_advice_keeps_each_steps_images_in_a_split_the_cli_acc
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    monkeypatch.setenv(runs.ENV, "")  # the run folder each ViTCLI names there is forgotten after the test
-    monkeypatch.delenv(runs.ENV)
+    for key in (runs.ENV, runs.RESUMES):  # the run folder each ViTCLI names there is forgotten after the test
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
 
     def cli(*flags: str) -> ViTCLI:
         made = ViTCLI("fit", ["--config", "vit_cifar10", "--data.root", str(fake_cifar_session), "--trainer.devices",

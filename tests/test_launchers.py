@@ -5,13 +5,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from vit import configs, launch, runs
+from vit import configs, launch, run_lock, runs
 
 SLURM_JOB = {"SLURM_JOB_ID": "77", "SLURM_NTASKS": "4", "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS_PER_NODE": "2",
              "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_JOB_NAME": "vit-cifar10",
              "SLURM_NODELIST": "vm", "SLURM_CPUS_ON_NODE": "2"}
 LAUNCH_VARS = [*SLURM_JOB, "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE",
-               "GROUP_RANK", "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", runs.ENV]
+               "GROUP_RANK", "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", runs.ENV, runs.RESUMES]
 
 
 @pytest.fixture
@@ -41,10 +41,13 @@ def test_a_one_task_job_resumes_only_its_own_run(no_launcher, tmp_path):
     torch.save({"state_dict": {}, "run": "another run's"}, other / "last.ckpt")
     no_launcher.setenv("SLURM_JOB_ID", "6")
     no_launcher.setenv("SLURM_NTASKS", "1")
-    run, ckpt, _, _ = runs.resolve(tmp_path, "last", None)
-    assert run == tmp_path / "slurm-6" and ckpt is None  # not version_0's last.ckpt
-    run, ckpt, read, _ = runs.resolve(tmp_path, "last", "version_0")  # unless the user names it
-    assert run == tmp_path / "version_0" and ckpt == other / "last.ckpt" and read["run"] == "another run's"
+    try:
+        run, resume = runs.open_for_fit(tmp_path, "last", None, {}, [])
+        assert run == tmp_path / "slurm-6" and resume is None  # not version_0's last.ckpt
+        run, (ckpt, read) = runs.open_for_fit(tmp_path, "last", "version_0", {}, [])  # unless the user names it
+        assert run == tmp_path / "version_0" and ckpt == other / "last.ckpt" and read["run"] == "another run's"
+    finally:
+        run_lock.release()
 
 
 def test_torchrun_names_the_run_and_gives_the_allocation(no_launcher):

@@ -93,6 +93,33 @@ def test_the_other_processes_of_a_launch_wait_for_their_rank_zero_or_end_with_it
     assert f"process 0 of this launch did not take {run}'s lock within 1 s" in capsys.readouterr().err  # said
 
 
+def test_a_process_waiting_for_what_its_rank_zero_writes_goes_on_when_rank_zero_ends_before(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """Rank 0 of the job holds the folder and ends (it failed) before it writes what the others wait for: they go on
+    at once, saying so, instead of waiting out their time."""
+    import threading
+
+    job = {"SLURM_NTASKS": "2", "SLURM_JOB_ID": "41", "SLURM_JOB_NAME": "train"}
+    for key in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in job.items():
+        monkeypatch.setenv(key, value)
+    run = tmp_path / "slurm-41"
+    holder = hold(run, **job)
+    ends = threading.Timer(1.0, holder.kill)
+    ends.start()
+    try:
+        started = time.monotonic()
+        assert run_lock.wait_for_rank_zero(run, seconds=120, needs="resumes_from") is None
+        assert 0.5 < time.monotonic() - started < 60
+    finally:
+        ends.cancel()
+        holder.kill()
+        holder.wait()
+    assert f"process 0 of this launch let {run}'s lock go before it wrote 'resumes_from' into it" in \
+        capsys.readouterr().err
+
+
 def test_vit_sync_leaves_a_run_that_still_trains_for_later(tmp_path, capsys):
     """An offline W&B log whose training still holds its run folder is not whole: vit-sync leaves it, says so, and
     uploads it once the training has ended."""

@@ -8,6 +8,8 @@ import errno
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import time
 
 import pytest
@@ -18,6 +20,11 @@ from vit import runs
 from vit.checkpoint_io import AtomicCheckpointIO, save_atomically
 
 QUIET = ["--trainer.logger", "false", "--test_after_fit", "false"]
+# another process that takes the lock of the run folder argv[1] and keeps it; with argv[2], after argv[3] seconds it
+# names that checkpoint of the run in the lock's record, as process 0 does
+HOLD = ("import sys, time; from pathlib import Path; from vit import run_lock; run = Path(sys.argv[1]); "
+        f"run_lock.take(run); sys.argv[2:] and (time.sleep(float(sys.argv[3])), run_lock.announce(run, "
+        f"{runs.CHOSEN}=sys.argv[2])); print('held', flush=True); time.sleep(300)")
 SMALLER = ["--model.arch.dim", "32", "--model.arch.depth", "1", "--model.arch.heads", "2"]  # the smoke recipe, smaller
 
 
@@ -63,16 +70,17 @@ def test_the_newest_checkpoint_by_its_recorded_time_comes_first_whatever_the_fil
 
 def test_a_branch_restarted_from_an_earlier_checkpoint_comes_before_the_abandoned_one(tmp_path):
     """The run was restarted from step 6 and saved step.ckpt at step 9 after the old branch's last.ckpt of step
-    12: step.ckpt is the newer; a file that records no time counts by its modification time."""
+    12: step.ckpt is the newer; a file that records no time comes after every one that does, whatever its
+    modification time (a copy renews it)."""
     folder = tmp_path / "run" / runs.CHECKPOINTS
     write(folder / "last.ckpt", 12, saved=100.0, mtime=9000)
     write(folder / "mine.ckpt", 6, saved=50.0, mtime=9500)  # the user's copy, to restart from
     write(folder / "step.ckpt", 9, saved=200.0, mtime=10)
     assert [p.name for p in runs.checkpoints(tmp_path / "run")] == ["step.ckpt", "last.ckpt", "mine.ckpt"]
-    write(folder / "old.ckpt", 20, saved=None, mtime=150)
-    assert [p.name for p in runs.checkpoints(tmp_path / "run")] == ["step.ckpt", "old.ckpt", "last.ckpt", "mine.ckpt"]
-    write(folder / "old.ckpt", 20, saved=None, mtime=250)
-    assert runs.last_checkpoint(tmp_path / "run").name == "old.ckpt"
+    write(folder / "old.ckpt", 20, saved=None, mtime=2e9)
+    write(folder / "older.ckpt", 30, saved=None, mtime=1e9)
+    assert [p.name for p in runs.checkpoints(tmp_path / "run")] == \
+        ["step.ckpt", "last.ckpt", "mine.ckpt", "old.ckpt", "older.ckpt"]
 
 
 def test_the_best_checkpoint_is_the_one_the_run_recorded_not_the_newest_file(tmp_path):
@@ -112,15 +120,16 @@ def test_at_equal_steps_the_later_saved_of_step_and_last_comes_first(tmp_path):
 
 def test_the_newest_run_is_the_one_whose_checkpoint_was_saved_last_after_a_copy(tmp_path):
     """Run a saved its last checkpoint before run b; a copy gave a's files the newer modification times. The
-    newest run is b; a run without the recorded time (an older writer) falls back to the file's time."""
+    newest run is b; a run whose checkpoints record no time (an older writer) comes after every run whose
+    checkpoints do, whatever their files' times."""
     write(tmp_path / "a" / runs.CHECKPOINTS / "last.ckpt", 100, saved=1000.0, mtime=5000)
     write(tmp_path / "b" / runs.CHECKPOINTS / "step.ckpt", 3, saved=2000.0, mtime=4000)
     write(tmp_path / "b" / runs.CHECKPOINTS / "best-epoch000-acc0.1000.ckpt", 2, saved=1500.0, mtime=4500)
     (tmp_path / "empty" / runs.CHECKPOINTS).mkdir(parents=True)
     assert runs.newest_run(tmp_path) == tmp_path / "b"
-    write(tmp_path / "c" / runs.CHECKPOINTS / "last.ckpt", 1, saved=None, mtime=1900)
+    write(tmp_path / "c" / runs.CHECKPOINTS / "last.ckpt", 1, saved=None, mtime=9000)
     assert runs.newest_run(tmp_path) == tmp_path / "b"
-    write(tmp_path / "c" / runs.CHECKPOINTS / "last.ckpt", 1, saved=None, mtime=2100)
+    write(tmp_path / "c" / runs.CHECKPOINTS / "step.ckpt", 1, saved=2100.0, mtime=1)
     assert runs.newest_run(tmp_path) == tmp_path / "c"
     assert runs.newest_run(tmp_path / "none") is None
 
@@ -184,8 +193,9 @@ def test_a_folder_sync_the_file_system_refuses_is_no_error(tmp_path, monkeypatch
 def test_a_copied_run_resumes_from_its_newest_step_and_its_drafts_are_removed(tmp_path, fake_cifar_session, caplog):
     """A run crashed in epoch 1 (step.ckpt of step 10, last.ckpt and best of step 8) is copied as `cp -r` does
     (new modification times, here set so that the best checkpoint looks newest and step.ckpt oldest), with the
-    drafts two killed saves left. `--ckpt_path last` resumes the copy from step.ckpt, removes the drafts and
-    nothing else, and ends with the uninterrupted run's weights."""
+    drafts two killed saves left and a checkpoint of many more steps that records no time, the newest file of
+    all. `--ckpt_path last` resumes the copy from step.ckpt, removes the drafts and nothing else, and ends with the
+    uninterrupted run's weights."""
     args = ["--trainer.max_epochs", "2", *QUIET, *SMALLER, *EVERY_STEP]
     full, part, home = tmp_path / "full", tmp_path / "part", tmp_path / "home"
     for folder in (full, part, home):
@@ -205,6 +215,9 @@ def test_a_copied_run_resumes_from_its_newest_step_and_its_drafts_are_removed(tm
     for draft in drafts:
         shutil.copyfile(checkpoints / "last.ckpt", checkpoints / draft)
     (checkpoints / "notes.txt").write_text("mine")
+    older = {k: v for k, v in load(best).items() if k != "saved_at"}  # written before checkpoints recorded a time
+    torch.save({**older, "epoch": 41, "global_step": 400}, checkpoints / "best-epoch041-acc0.9000.ckpt")
+    os.utime(checkpoints / "best-epoch041-acc0.9000.ckpt", (2e9 + 1e3, 2e9 + 1e3))  # the copy's newest time
     caplog.clear()
     assert train_here(home, fake_cifar_session, *args, "--ckpt_path", "last") == 0
     lines = [r.getMessage() for r in caplog.records]
@@ -216,12 +229,20 @@ def test_a_copied_run_resumes_from_its_newest_step_and_its_drafts_are_removed(tm
                                load(checkpoints / "last.ckpt"))
 
 
+JOB = {"SLURM_NTASKS": "2", "SLURM_JOB_ID": "41", "SLURM_JOB_NAME": "train"}  # a job of 2 processes
+
+
+def no_launcher(monkeypatch) -> None:
+    for key in ("SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_PROCID", "SLURM_ARRAY_JOB_ID",
+                "SLURM_RESTART_COUNT", "TORCHELASTIC_RUN_ID", "WORLD_SIZE", "RANK", "LOCAL_RANK", runs.ENV,
+                runs.RESUMES):
+        monkeypatch.delenv(key, raising=False)
+
+
 def test_only_process_zero_removes_drafts(tmp_path, monkeypatch):
     """The other processes of a launch never touch the folder (they write no checkpoint): process 1 of SLURM job
-    41 goes on once its process 0 (another process here) holds the folder, and removes nothing."""
-    import subprocess
-    import sys
-
+    41 goes on once its process 0 (another process here) holds the folder and has named the checkpoint it resumes
+    from, and removes nothing."""
     from lightning.pytorch.utilities import rank_zero_only
 
     from vit import run_lock
@@ -230,19 +251,17 @@ def test_only_process_zero_removes_drafts(tmp_path, monkeypatch):
     write(checkpoints / "last.ckpt", 4, saved=1.0)
     draft = checkpoints / f".last.ckpt.{os.getpid()}.tmp"
     draft.write_bytes(b"part")
-    job = {"SLURM_NTASKS": "2", "SLURM_JOB_ID": "41", "SLURM_JOB_NAME": "train"}
-    for key in ("SLURM_ARRAY_JOB_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RUN_ID", runs.ENV):
-        monkeypatch.delenv(key, raising=False)
-    for key, value in job.items():
+    no_launcher(monkeypatch)
+    for key, value in JOB.items():
         monkeypatch.setenv(key, value)
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; from vit import "
-                               "run_lock; run_lock.take(Path(sys.argv[1])); print('held', flush=True); time.sleep(300)",
-                               str(tmp_path / "runs" / "x")], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / "runs" / "x"), "last.ckpt", "0"],
+                              stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         monkeypatch.setattr(rank_zero_only, "rank", 1)
+        started = time.monotonic()
         runs.open_for_fit(tmp_path / "runs", "last", "x", {}, [])
-        assert draft.is_file()
+        assert draft.is_file() and time.monotonic() - started < 5
     finally:
         holder.kill()
         holder.wait()
@@ -252,6 +271,94 @@ def test_only_process_zero_removes_drafts(tmp_path, monkeypatch):
         assert not draft.exists()
     finally:
         run_lock.release()
+
+
+def test_after_cp_r_last_takes_the_newest_checkpoint_that_records_its_time(tmp_path, monkeypatch):
+    """Run x saved step.ckpt last; its best-epoch041 and all of run y were written before checkpoints recorded
+    the time they were saved. A copy that renews every file's time (as `cp -r` does), the old files copied last:
+    `--ckpt_path last` resumes run x from step.ckpt, not from a file that records no time."""
+    from vit import run_lock
+
+    no_launcher(monkeypatch)
+    x = tmp_path / "runs" / "x" / runs.CHECKPOINTS
+    write(x / "best-epoch041-acc0.9000.ckpt", 41, saved=None, mtime=100)
+    write(x / "last.ckpt", 50, saved=1000.0, mtime=1000)
+    write(x / "step.ckpt", 55, saved=1100.0, mtime=1100)
+    write(tmp_path / "runs" / "y" / runs.CHECKPOINTS / "last.ckpt", 90, saved=None, mtime=200)
+    shutil.copytree(tmp_path / "runs", tmp_path / "copy", copy_function=shutil.copyfile)  # times renewed
+    now = time.time()
+    for old in ("x/checkpoints/best-epoch041-acc0.9000.ckpt", "y/checkpoints/last.ckpt"):
+        os.utime(tmp_path / "copy" / old, (now + 60, now + 60))  # copied last
+    assert os.stat(tmp_path / "copy/x/checkpoints/step.ckpt").st_mtime > 1e9  # (a copy's time, not the run's)
+    try:
+        run, (path, ckpt) = runs.open_for_fit(tmp_path / "copy", "last", None, {}, [])
+        assert run == tmp_path / "copy" / "x" and path.name == "step.ckpt" and ckpt["global_step"] == 55
+        run, (path, ckpt) = runs.open_for_fit(tmp_path / "copy", "last", "y", {}, [])  # y has only the old one
+        assert path.name == "last.ckpt" and ckpt["global_step"] == 90
+    finally:
+        run_lock.release()
+
+
+def test_process_zero_chooses_the_checkpoint_once_it_holds_the_folder(tmp_path, monkeypatch):
+    """While another launch holds the folder, process 0 ends naming it before it reads a checkpoint there; once
+    it holds it, it chooses and writes its choice into the lock's record."""
+    import json
+
+    from vit import run_lock
+    from vit.exits import RunError
+
+    no_launcher(monkeypatch)
+    run = tmp_path / "runs" / "x"
+    write(run / runs.CHECKPOINTS / "step.ckpt", 4, saved=1.0)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdout=subprocess.PIPE, text=True)
+    read = []
+    monkeypatch.setattr(runs, "saved_step", lambda path: read.append(path))
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunError, match="is in use"):
+            runs.open_for_fit(tmp_path / "runs", "last", "x", {}, [])
+        assert read == []
+    finally:
+        holder.kill()
+        holder.wait()
+    monkeypatch.undo()
+    no_launcher(monkeypatch)
+    try:
+        _, (path, _) = runs.open_for_fit(tmp_path / "runs", "last", "x", {}, [])
+        assert path.name == "step.ckpt" and json.loads((run / run_lock.LOCK).read_text())[runs.CHOSEN] == "step.ckpt"
+    finally:
+        run_lock.release()
+
+
+def test_the_other_processes_take_process_zeros_choice(tmp_path, monkeypatch):
+    """Process 1 of a job waits until its process 0 holds the folder and has named its checkpoint, and resumes
+    from that one, where its own look at the folder would choose another (step.ckpt, saved later); a process that
+    Lightning's DDP launcher started takes the launching process's choice."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    no_launcher(monkeypatch)
+    run = tmp_path / "runs" / "x"
+    write(run / runs.CHECKPOINTS / "mine.ckpt", 6, saved=100.0)
+    write(run / runs.CHECKPOINTS / "step.ckpt", 9, saved=200.0)
+    for key, value in JOB.items():
+        monkeypatch.setenv(key, value)
+    # process 0 of job 41 (another process here): holds the folder, and a second later names mine.ckpt
+    zero = subprocess.Popen([sys.executable, "-c", HOLD, str(run), "mine.ckpt", "1"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        monkeypatch.setattr(rank_zero_only, "rank", 1)
+        _, (path, ckpt) = runs.open_for_fit(tmp_path / "runs", "last", "x", {}, [])
+        assert path.name == "mine.ckpt" and ckpt["global_step"] == 6
+        assert zero.stdout.readline().strip() == "held"  # (it had named it before it said so)
+    finally:
+        zero.kill()
+        zero.wait()
+    for key in JOB:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv(runs.ENV, str(run))
+    monkeypatch.setenv(runs.RESUMES, str(run / runs.CHECKPOINTS / "mine.ckpt"))
+    _, (path, _) = runs.open_for_fit(tmp_path / "runs", "last", None, {}, [])
+    assert path.name == "mine.ckpt"
 
 
 def test_vit_runs_moves_the_runs_the_plans_folders_and_their_array_logs(tmp_path, monkeypatch, fake_cifar, capsys):

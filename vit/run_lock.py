@@ -13,7 +13,8 @@ run forks (data loader workers), it never outlives the run's own process.
 The other processes of a multi-process launch do not take it: Lightning's own launcher starts them after rank 0
 holds it (``vit.runs.ENV``); the processes that SLURM or torchrun started wait until the lock names their own
 launch, or end with the holder's line when another launch holds it (``wait_for_rank_zero``), so that no process
-trains, or waits in a collective, alone.
+trains, or waits in a collective, alone. Rank 0 adds to the lock's record what they are to take from it
+(``announce``: the checkpoint it resumes from): a record that names a live lock of this launch is this attempt's own.
 
 A POSIX lock is dropped when its process closes any descriptor of the file: nothing but this module opens it.
 """
@@ -133,18 +134,33 @@ def holder(run: Path) -> dict | None:
         os.close(fd)  # (this process holds no lock on the file)
 
 
-def wait_for_rank_zero(run: Path, seconds: float = 300.0, poll: float = 0.2) -> None:
+def announce(run: Path, **facts) -> None:
+    """Add ``facts`` to the record of ``run``'s lock that this process holds, for the other processes of its launch
+    to read (``wait_for_rank_zero``): the checkpoint process 0 resumes from (vit.runs.choose_last). Nothing where
+    this process holds no lock (a file system that does not lock: they choose by the same rule)."""
+    fd = _held.get(Path(run))
+    if fd is None:
+        return
+    record = (json.dumps({**_read(fd), **facts}) + "\n").encode()
+    os.pwrite(fd, record, 0)
+    os.ftruncate(fd, len(record))
+
+
+def wait_for_rank_zero(run: Path, seconds: float = 300.0, poll: float = 0.2, needs: str | None = None) -> dict | None:
     """On a process of a multi-process launch other than rank 0: go on once rank 0 holds ``run``'s lock (the file
-    names this launch); RunError with the holder's line when another launch holds it (rank 0 ends with the same
-    line). After ``seconds`` without either (rank 0 failed before it, and says why), go on: the launch's own
-    wait for its processes then ends it."""
+    names this launch) and, with ``needs``, has announced that fact (``announce``); returns its record. RunError
+    with the holder's line when another launch holds it (rank 0 ends with the same line). None on a file system
+    that does not lock, and, said in one line, when rank 0 let the lock go before it announced or after ``seconds``
+    without either (rank 0 failed, and says why): the process goes on, and the launch's own wait for its
+    processes then ends it."""
     path = Path(run) / LOCK
     start = time.monotonic()
-    deadline, foreign, said = start + seconds, None, False
+    deadline, foreign, said, ours = start + seconds, None, False, False
+    what = f"{run}'s lock" + (f" and write {needs!r} into it" if needs else "")
     while time.monotonic() < deadline:
         if not said and time.monotonic() - start > 10:
             said = True
-            print(f"waiting for process 0 of this launch to take {run}'s lock (up to {seconds:.0f} s)", file=sys.stderr,
+            print(f"waiting for process 0 of this launch to take {what} (up to {seconds:.0f} s)", file=sys.stderr,
                   flush=True)
         if path.exists():
             fd = os.open(path, os.O_RDONLY)
@@ -152,12 +168,20 @@ def wait_for_rank_zero(run: Path, seconds: float = 300.0, poll: float = 0.2) -> 
                 locked, holder = _locked(fd), _read(fd)
             except OSError as e:
                 if e.errno in UNSUPPORTED:
-                    return
+                    return None
                 raise
             finally:
                 os.close(fd)  # (this process holds no lock on the file)
             if locked and holder.get("launch") == identity():
-                return
+                if needs is None or needs in holder:
+                    return holder
+                ours = True
+                time.sleep(poll)
+                continue
+            if ours and not locked:
+                print(f"process 0 of this launch let {run}'s lock go before it wrote {needs!r} into it (it failed, and "
+                      f"says why): going on", file=sys.stderr, flush=True)
+                return None
             if locked and holder:  # twice a second apart: not rank 0 between taking the lock and naming itself
                 if foreign == holder:
                     raise _refused(Path(run), holder)
@@ -166,5 +190,6 @@ def wait_for_rank_zero(run: Path, seconds: float = 300.0, poll: float = 0.2) -> 
                 continue
         foreign = None
         time.sleep(poll)
-    print(f"process 0 of this launch did not take {run}'s lock within {seconds:.0f} s (a file system whose locks are "
+    print(f"process 0 of this launch did not take {what} within {seconds:.0f} s (a file system whose locks are "
           f"not seen across nodes, or process 0 failed and says why): going on", file=sys.stderr, flush=True)
+    return None

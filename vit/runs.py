@@ -10,6 +10,7 @@ starts (``VIT_RUN_DIR``); processes started by SLURM or torchrun name it after t
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from vit.checkpoints import read_checkpoint
@@ -22,6 +23,8 @@ LAST = "last.ckpt"  # at each epoch's end
 STEP = "step.ckpt"  # mid-epoch: every few minutes of training (base.yaml), and where a preempted job stopped
 ENV = "VIT_RUN_DIR"
 RUNS = "VIT_RUNS"
+RESUMES = "VIT_RESUMES"  # the checkpoint the process that set ENV resumes from ("": none), for those it starts
+CHOSEN = "resumes_from"  # in the lock's record (vit.run_lock): process 0's checkpoint, its name in CHECKPOINTS
 
 
 def runs_folder() -> Path:
@@ -84,15 +87,23 @@ def saved_step(path: Path) -> tuple[int, float | None] | None:
     return step, saved if isinstance(saved, float) else None
 
 
+def recency(path: Path, known: tuple[int, float | None] | None = None) -> tuple[int, float]:
+    """How recently a checkpoint was saved, as a key that sorts the newest last: (1, the time it records,
+    ``saved_at``), which a copy (``cp -r``) keeps; else (0, its file's modification time), for a file that records
+    no time (written by another tool or an older version): a copy renews that time, so such a file never
+    outranks one that records its own. ``known``: its ``saved_step``, when read already."""
+    known = known if known is not None else saved_step(path)
+    return (1, known[1]) if known and known[1] is not None else (0, path.stat().st_mtime)
+
+
 def checkpoints(run: Path) -> list[Path]:
     """The run's checkpoints (last.ckpt at each epoch's end, step.ckpt mid-epoch, the best ones), the newest
-    first: by the time each records it was saved (``saved_at``), which a copy (``cp -r``) keeps, so that a run
-    restarted from an earlier checkpoint in its folder goes on along its new branch, even while files of the
-    abandoned one hold more steps; by its modification time only a file that records no time (written by
-    another tool or an older version). At equal times step.ckpt and last.ckpt come before the best ones. A
-    file whose step cannot be read comes first: each was written whole or not at all (vit.checkpoint_io), but
-    a file copied, restored or written by another tool may still be torn, and ``newest_readable`` skips it
-    and names it."""
+    first (``recency``): by the time each records it was saved, so that a run restarted from an earlier
+    checkpoint in its folder goes on along its new branch, even while files of the abandoned one hold more
+    steps; the files that record no time after all those that do, by their modification times. At equal times
+    step.ckpt and last.ckpt come before the best ones. A file whose step cannot be read comes first: each was
+    written whole or not at all (vit.checkpoint_io), but a file copied, restored or written by another tool may
+    still be torn, and ``newest_readable`` skips it and names it."""
     folder = run / CHECKPOINTS
     found = [p for p in folder.glob("*.ckpt") if p.is_file()] if folder.is_dir() else []
     steps = {p: saved_step(p) for p in found}
@@ -100,9 +111,8 @@ def checkpoints(run: Path) -> list[Path]:
     def order(path: Path) -> tuple:
         if steps[path] is None:
             return (0, path.name)
-        step, saved = steps[path]
-        return (1, -(saved if saved is not None else path.stat().st_mtime), path.name not in (STEP, LAST),
-                path.name != LAST, -step, path.name)
+        recorded, when = recency(path, steps[path])
+        return (1, -recorded, -when, path.name not in (STEP, LAST), path.name != LAST, -steps[path][0], path.name)
 
     return sorted(found, key=order)
 
@@ -110,13 +120,6 @@ def checkpoints(run: Path) -> list[Path]:
 def last_checkpoint(run: Path) -> Path | None:
     """The run's newest checkpoint (``checkpoints``), read or not."""
     return next(iter(checkpoints(run)), None)
-
-
-def saved_at(path: Path) -> float:
-    """When a checkpoint was saved: the time it records, else (written by another tool or an older version)
-    its modification time."""
-    known = saved_step(path)
-    return known[1] if known and known[1] is not None else path.stat().st_mtime
 
 
 def best_checkpoint(run: Path) -> Path | None:
@@ -157,13 +160,13 @@ def newest_readable(run: Path) -> tuple[Path, dict, str] | None:
 
 
 def newest_run(root: Path) -> Path | None:
-    """The run under ``root`` whose latest checkpoint was saved last, by the time each checkpoint records
-    (``saved_at``): a copy of the runs (``cp -r``) keeps it, where it resets the files' modification times."""
+    """The run under ``root`` whose latest checkpoint was saved last (``recency``: by the time each checkpoint
+    records, which a copy of the runs (``cp -r``) keeps, where it renews the files' modification times)."""
     latest = {}
     for run in root.iterdir() if root.is_dir() else ():
         found = [p for p in (run / CHECKPOINTS).glob("*.ckpt") if p.is_file()] if run.is_dir() else []
         if found:
-            latest[run] = max(saved_at(p) for p in found)
+            latest[run] = max(recency(p) for p in found)
     return max(latest, key=latest.get, default=None)
 
 
@@ -186,9 +189,10 @@ def claim_new_version(root: Path) -> Path:
             n += 1
 
 
-def resolve(root: Path, ckpt_path: str | None, name: str | None) -> tuple[Path, Path | None, dict | None, str | None]:
-    """(run folder, checkpoint to resume or None, that checkpoint read when ``ckpt_path`` is "last", one line
-    to print or None) for a ``fit``.
+def resolve(root: Path, ckpt_path: str | None, name: str | None) -> tuple[Path, str | None, str]:
+    """(run folder, one line to print or None, how it was found: "" or " (the newest run under ROOT)") for a
+    ``fit``; with ``ckpt_path`` "last" the checkpoint is chosen once the folder is held (``choose_last``), and a
+    line naming it replaces the first.
 
     ``ckpt_path``: None (a new run), "last" (the newest readable checkpoint of the newest run of ``root``, or
     of the run ``name``), or a file (its own run folder when it sits in one). ``name``: a run folder
@@ -196,36 +200,52 @@ def resolve(root: Path, ckpt_path: str | None, name: str | None) -> tuple[Path, 
     """
     shared = os.environ.get(ENV)
     if shared:  # a process started by Lightning's DDP launcher: the launching process chose
-        run = Path(shared)
-        if ckpt_path == "last":
-            path, ckpt, _ = newest_readable(run) or (None, None, "")
-            return run, path, ckpt, None
-        return run, ckpt_path and Path(ckpt_path), None, None
+        return Path(shared), None, ""
     fixed = name or launch_name()
     if ckpt_path and ckpt_path != "last":
         ckpt = Path(ckpt_path)
         run = root / fixed if fixed else run_of(ckpt) or claim_new_version(root)
         run.mkdir(parents=True, exist_ok=True)
-        return run, ckpt, None, f"resuming from {ckpt}; this run writes into {run}"
+        return run, f"resuming from {ckpt}; this run writes into {run}", ""
     if fixed:
         run = root / fixed
-        found = newest_readable(run) if ckpt_path == "last" else None
-        if found is None and last_checkpoint(run) and name:
+        if ckpt_path != "last" and name and last_checkpoint(run):
             raise RunError(f"--run {name}: {run} holds a run already; resume it with --ckpt_path last, "
                            f"or choose another name")
         run.mkdir(parents=True, exist_ok=True)
-        if found is None:
-            return run, None, None, None
-        path, ckpt, skipped = found
-        return run, path, ckpt, f"resuming {run} from its {path.name}{skipped}"
+        return run, None, ""
     if ckpt_path == "last":
         run = newest_run(root)
         if run is not None:
-            path, ckpt, skipped = newest_readable(run)
-            return run, path, ckpt, f"resuming {run} (the newest run under {root}) from its {path.name}{skipped}"
-        return claim_new_version(root), None, None, \
-            f"--ckpt_path last: no run under {root} has a checkpoint yet; starting a new run"
-    return claim_new_version(root), None, None, None
+            return run, None, f" (the newest run under {root})"
+        return claim_new_version(root), \
+            f"--ckpt_path last: no run under {root} has a checkpoint yet; starting a new run", ""
+    return claim_new_version(root), None, ""
+
+
+def choose_last(run: Path, told: dict | None) -> tuple[Path | None, dict | None, str]:
+    """(the checkpoint ``--ckpt_path last`` resumes from in ``run`` or None, that checkpoint read or None, the line
+    ``newest_readable`` gives), once this launch holds the folder (vit.run_lock). One process chooses, the others
+    take its choice, so that all resume from one file: process 0 (or the only one) chooses the newest that reads
+    and records it in its lock's record (``CHOSEN``), where the others of a SLURM or torchrun launch read it
+    (``told``: that record, None when they could not read it: they choose alike by the same rule, and say so);
+    those of Lightning's DDP launcher take the launching process's choice (``RESUMES``)."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from vit import run_lock
+
+    if os.environ.get(ENV) and RESUMES in os.environ:
+        given = os.environ[RESUMES]
+        return (Path(given), None, "") if given else (None, None, "")
+    if told is not None and CHOSEN in told:
+        return (run / CHECKPOINTS / Path(told[CHOSEN]).name, None, "") if told[CHOSEN] else (None, None, "")
+    path, ckpt, skipped = newest_readable(run) or (None, None, "")
+    if rank_zero_only.rank == 0:
+        run_lock.announce(run, **{CHOSEN: path and path.name})
+    elif not os.environ.get(ENV):
+        print(f"process 0 of this launch did not name the checkpoint it resumes from in {run}'s lock: this process "
+              f"chose {path.name if path else 'none'} by the same rule", file=sys.stderr, flush=True)
+    return path, ckpt, skipped
 
 
 def place_outputs(cfg, run: Path, known_wandb_id: str | None) -> None:
@@ -270,7 +290,8 @@ def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict
     if given is not None:
         check_fits(given, arch, ckpt_path)
     existed = set(root.iterdir()) if root.is_dir() else set()
-    run, resume_from, ckpt, note = resolve(root, ckpt_path, name)
+    run, note, found = resolve(root, ckpt_path, name)
+    told = None
     if os.environ.get(ENV):  # started by Lightning's launcher: the process that started it holds the folder
         pass
     elif rank_zero_only.rank == 0:
@@ -280,10 +301,15 @@ def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict
         if run not in existed:  # (only a holder removes a folder it made that never started)
             claimed.append(run)
     else:
-        run_lock.wait_for_rank_zero(run)
+        told = run_lock.wait_for_rank_zero(run, needs=CHOSEN if ckpt_path == "last" else None)
+    resume_from, ckpt = (Path(ckpt_path), given) if ckpt_path not in (None, "last") else (None, None)
+    if ckpt_path == "last":
+        resume_from, ckpt, skipped = choose_last(run, told)
+        if resume_from is not None:
+            note = f"resuming {run}{found} from its {resume_from.name}{skipped}"
     resume = None
     if resume_from is not None:
-        ckpt = ckpt or given or read_checkpoint(resume_from)
+        ckpt = ckpt or read_checkpoint(resume_from)
         check_fits(ckpt, arch, ckpt_path)
         resume = (resume_from, ckpt)
     rank_zero_info(note or f"run folder: {run}")

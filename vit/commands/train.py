@@ -235,6 +235,7 @@ class ViTCLI(LightningCLI):
             run, self.resume = runs.open_for_fit(root, cfg.ckpt_path, cfg.run, vars(cfg.model.arch), self.claimed)
             launch.apply_allocation(cfg.trainer)
         os.environ[runs.ENV] = str(run)  # the processes Lightning's DDP launcher starts use this folder too
+        os.environ[runs.RESUMES] = str(self.resume[0]) if self.resume else ""  # and this checkpoint
         known = self.resume[1].get("vit", {}).get("wandb_run_id") if self.resume else None
         runs.place_outputs(cfg, run, known)
 
@@ -449,6 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not inherited:
             os.environ.pop(runs.ENV, None)
+            os.environ.pop(runs.RESUMES, None)
         # nothing left to stop: a later SIGUSR1 (a second scancel, SLURM's own before the time limit) must not kill
         # the process as it ends, where Python has put its own handlers back to the default (death by signal 10,
         # exit 138: the job's script would not requeue it)
