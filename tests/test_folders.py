@@ -341,3 +341,62 @@ def test_an_earlier_versions_checkpoint_keeps_the_split_it_drew(folders, caplog)
     fresh = ImageFolderDataModule(root=str(folders), image_size=16, num_workers=0, val_size=4, seed=3)
     fresh.setup("fit")
     assert split_of(fresh) != split_of(dm)  # (a new run's split is another: the test above tells them apart)
+
+
+def test_a_mid_epoch_resume_over_changed_training_images_says_so(tmp_path, caplog):
+    """The checkpoint's place in its epoch is counted in the epoch's order over the training images it had: resumed
+    over another number of them, the rest of the epoch is drawn over the images there now, and one line says so
+    (resumed over the same ones, nothing is said)."""
+    import logging
+
+    root = tmp_path / "photos"
+    for name, colour in (("red", (200, 20, 20)), ("blue", (20, 20, 200))):
+        write_images(root / "train" / name, 12, colour, size=16)
+
+    def resumed_loader(state):
+        dm = ImageFolderDataModule(root=str(root), image_size=16, num_workers=0, val_size=4, batch_size=4)
+        dm.setup("fit")
+        dm.load_state_dict(state)
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            dm.train_dataloader()
+        return len(dm.train_set), [r.getMessage() for r in caplog.records if "training images changed" in r.getMessage()]
+
+    first = ImageFolderDataModule(root=str(root), image_size=16, num_workers=0, val_size=4, batch_size=4)
+    first.setup("fit")
+    state = {**first.state_dict(), "epoch": 0, "images": 8, "skipped_images": 0, "batch_images": 4,
+             "step_images": 4, "epoch_end": False}
+    assert state["train_images"] == 20
+    assert resumed_loader(state) == (20, [])
+    write_images(root / "train" / "red" / "more", 6, (210, 30, 30), size=16, seed=7)
+    now, said = resumed_loader(state)
+    assert now > 20 and said == [
+        f"warning: the training images changed since the checkpoint (20 then, {now} now): the rest of epoch 0 is "
+        "drawn over the images there now, from the checkpoint's place in it"]
+
+
+def test_testing_on_a_test_folder_does_not_refuse_another_split(tmp_path):
+    """`train.py test` of a checkpoint on a folder with test/: the split, which changes nothing tested, is not
+    held against the command line (resuming with it is: test_a_split_a_resume_cannot_keep_is_refused_in_one_line)."""
+    from types import SimpleNamespace
+
+    from vit.exits import ConfigError
+
+    root = tmp_path / "photos"
+    for split, n in (("train", 10), ("test", 3)):
+        for name, colour in (("red", (200, 20, 20)), ("blue", (20, 20, 200))):
+            write_images(root / split / name, n, colour, size=16)
+    first = ImageFolderDataModule(root=str(root), image_size=16, num_workers=0, val_size=4)
+    first.setup("fit")
+    state = first.state_dict()
+    for fn, refused in (("test", False), ("fit", True)):
+        dm = ImageFolderDataModule(root=str(root), image_size=16, num_workers=0, val_size=6)
+        dm.trainer = SimpleNamespace(state=SimpleNamespace(fn=fn), ckpt_path="c.ckpt", default_root_dir=str(tmp_path),
+                                     world_size=1, global_rank=0, is_global_zero=True)
+        dm.setup(fn)
+        if refused:
+            with pytest.raises(ConfigError, match="^c.ckpt: the run drew its validation images with"):
+                dm.load_state_dict(state)
+        else:
+            dm.load_state_dict(state)
+            assert len(dm.test_set) == 6

@@ -178,6 +178,7 @@ class ImageDataModule(L.LightningDataModule):
         self.crop_padding, self.hflip = crop_padding, hflip
         self.classes: list[str] | None = None
         self.position = DataPosition()  # the train loader's epoch and first batch (vit.resume)
+        self.resumed_train_images = None  # (the training images of the checkpoint resumed)
 
     @property
     def num_classes(self) -> int:
@@ -251,15 +252,22 @@ class ImageDataModule(L.LightningDataModule):
 
     def train_dataloader(self):
         self.check_train_size(len(self.train_set))
+        theirs, resume = self.resumed_train_images, self.position.resume_at
+        if resume is not None and isinstance(theirs, int) and theirs != len(self.train_set):
+            rank_zero_info(f"warning: the training images changed since the checkpoint ({theirs:,} then, "
+                           f"{len(self.train_set):,} now): the rest of epoch {resume[0]} is drawn over the images "
+                           f"there now, from the checkpoint's place in it")
         return self._loader(self.train_set, train=True)
 
     def state_dict(self) -> dict:
         world = self.trainer.world_size if self.trainer is not None else 1
-        return self.position.state_dict(self.trainer, self.process_batch() * world,
-                                        self.batch_size * self.accumulation())
+        state = self.position.state_dict(self.trainer, self.process_batch() * world,
+                                         self.batch_size * self.accumulation())
+        return {**state, "train_images": len(self.train_set)} if hasattr(self, "train_set") else state
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.position.load_state_dict(state_dict)
+        self.resumed_train_images = state_dict.get("train_images")
 
     def val_dataloader(self):
         return self._loader(self.val_set, train=False)
@@ -603,8 +611,8 @@ class ImageFolderDataModule(ImageDataModule):
             return
         if held_out == EARLIER:
             if not said:
-                rank_zero_info(f"{self._checkpoint()}: written by an earlier version, which did not keep its "
-                               f"split: its validation images are drawn as it drew them, over the images in "
+                rank_zero_info(f"{self._checkpoint()}: records no validation split: its validation images are "
+                               f"drawn by the seeded stratified split it was made with, over the images in "
                                f"{self.root / 'train'} now (if images were added or removed since, some it "
                                f"trained on may be among them: a new run rules that out)")
             held = torch.zeros(len(self.labels), dtype=torch.bool)
@@ -661,6 +669,9 @@ class ImageFolderDataModule(ImageDataModule):
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)
         self.recorded = state_dict.get("held_out", EARLIER)
+        testing = self.trainer is not None and self.trainer.state.fn == "test"
+        if testing and isinstance(self.test_set, ClassFolder):
+            return  # (the test/ folder: the split changes nothing that is tested)
         if hasattr(self, "held_out"):  # (Lightning restores after setup)
             self._take(self.recorded)
 
