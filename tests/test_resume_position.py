@@ -38,28 +38,41 @@ def refused(ckpt: dict, batch: int, accumulate: int) -> str | None:
 
 # --- the position in images (checkpoints of this version) --------------------------------------------------------
 
-def test_a_checkpoint_written_inside_an_accumulation_window_is_refused_in_every_split(tmp_path, fake_cifar_session,
-                                                                                     capsys):
-    """32 × 2, validating every 3 loader batches: last.ckpt of the validation after batch 3 is at image 96, inside
-    optimizer step 2. Resumed as 64 × 1 it would start at image 64 (96 // 64 batches), and in any split the step
-    would lack the gradients of batch 3 (its weights then differ from the uninterrupted run's by 9e-4): refused,
-    as written too, before training."""
-    assert train_here(tmp_path, fake_cifar_session, *TINY, *split(32, 2), "--trainer.val_check_interval", "3",
+def test_a_validation_inside_an_accumulation_window_is_refused_before_training(tmp_path, fake_cifar_session, capsys):
+    """32 × 2, validating every 3 loader batches: the validation after batch 3 would be inside optimizer step 2, and
+    its last.ckpt would hold the weights before that step without the gradients of batch 3, which no split resumes
+    exactly. Refused before training, as a fraction of an epoch and a time are; every 2 or 4 batches is not."""
+    for every in ("3", "0.5", "00:00:00:30"):
+        assert train_here(tmp_path, fake_cifar_session, *TINY, *split(32, 2), "--trainer.val_check_interval",
+                          every) == 2
+        (error,) = errors_of(capsys)
+        assert error.startswith(f"error: --trainer.val_check_interval {every} validates inside an optimizer step of "
+                                f"--trainer.accumulate_grad_batches 2 batches"), error
+    assert not (tmp_path / "runs/smoke/version_0/checkpoints").exists()
+    assert train_here(tmp_path, fake_cifar_session, *TINY, *split(32, 2), "--trainer.val_check_interval", "4",
                       "--trainer.max_steps", "2") == 0
-    last = tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt"
-    before = load(last)
-    assert before["global_step"] == 1 and before["CIFAR10DataModule"]["images"] == 96
-    capsys.readouterr()
-    name = last.relative_to(tmp_path)
-    for batch, accumulate in ((64, 1), (32, 2)):
-        assert train_here(tmp_path, fake_cifar_session, *TINY, *split(batch, accumulate), "--ckpt_path", "last") == 2
-        assert errors_of(capsys) == [
-            f"error: {name}: written inside an optimizer step, after 1 of its 2 loader batches of 32 images (image 96 "
-            "of epoch 0: a validation there wrote it), and a checkpoint holds no gradients summed before it, so no "
-            f"split resumes it exactly: resume from a checkpoint written at a step's end (--ckpt_path {name.parent}/"
-            "step.ckpt where the run has one, or an epoch's end) and validate every multiple of "
-            "--trainer.accumulate_grad_batches 2 batches"]
-    torch.testing.assert_close(load(last)["state_dict"], before["state_dict"], rtol=0, atol=0)  # nothing trained
+    assert load(tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt")["CIFAR10DataModule"]["images"] == 128
+
+
+@pytest.mark.long
+def test_the_time_limit_stops_at_an_optimizer_steps_end_and_the_run_resumes_in_another_split(tmp_path,
+                                                                                            fake_cifar_session):
+    """--trainer.max_time looks at the clock where optimizer steps end only (Lightning's Timer looks after every
+    batch, and its stop inside a window validates and checkpoints there): last.ckpt is at a step's end, keeps the
+    elapsed time under the Timer's key, and resumes as 64 × 1."""
+    run = ["--trainer.max_epochs", "-1", "--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2",
+           "--trainer.logger", "false", "--test_after_fit", "false", *QUIET]
+    assert train_here(tmp_path, fake_cifar_session, *run, *split(32, 2), "--trainer.max_time", "00:00:00:03") == 0
+    ckpt = load(tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt")
+    state = ckpt["CIFAR10DataModule"]
+    assert state["images"] % 64 == 0 and state["images"] > 0, state
+    elapsed = ckpt["callbacks"]["Timer"]["time_elapsed"]["train"]
+    assert elapsed >= 3
+    assert train_here(tmp_path, fake_cifar_session, *run, *split(64, 1), "--trainer.max_time", "00:00:00:05",
+                      "--ckpt_path", "last") == 0
+    after = load(tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt")
+    assert after["global_step"] > ckpt["global_step"]
+    assert after["callbacks"]["Timer"]["time_elapsed"]["train"] >= 5  # (counted on from the first part's)
 
 
 def test_a_place_after_a_skipped_batch_is_refused_where_the_new_loader_batches_cannot_reach_it(tmp_path, capsys):
@@ -78,7 +91,8 @@ def test_a_place_after_a_skipped_batch_is_refused_where_the_new_loader_batches_c
     step = tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt"  # (Lightning's, where max_steps stopped it)
     assert load(step)["global_step"] == 2
     assert load(step)["ImageFolderDataModule"] == {
-        "train_epochs": 1, "epoch": 0, "images": 10, "skipped_images": 2, "batch_images": 2, "step_images": 4}
+        "train_epochs": 1, "epoch": 0, "images": 10, "skipped_images": 2, "batch_images": 2, "step_images": 4,
+        "epoch_end": False}
     capsys.readouterr()
     assert train_here(tmp_path, None, *TINY, *data, *split(4, 1), "--ckpt_path", "last") == 2
     assert errors_of(capsys) == [
@@ -87,6 +101,28 @@ def test_a_place_after_a_skipped_batch_is_refused_where_the_new_loader_batches_c
         "reach: resume it with a --data.batch_size that divides 2 and --data.batch_size × "
         "--trainer.accumulate_grad_batches = 4, e.g. as it was written: --data.batch_size 2 "
         "--trainer.accumulate_grad_batches 2"]
+
+
+def test_an_epochs_end_after_skipped_last_batches_resumes_in_another_split(tmp_path, capsys):
+    """Image folders, 2 × 2, 18 loader batches an epoch: the last one, unreadable, is skipped, so Lightning's loop
+    never takes the epoch's last batch. The epoch's end is the data position's own record: resumed as 4 × 1, the run
+    starts epoch 1."""
+    from helpers import write_images
+
+    root = tmp_path / "photos"
+    for i, colour in enumerate([(200, 20, 20), (20, 200, 20), (20, 20, 200), (200, 200, 20)]):
+        write_images(root / "train" / f"c{i}", 10, colour, size=24, seed=i)
+    data = ["--data", "vit.data.ImageFolderDataModule", "--data.root", str(root), "--data.val_size", "4",
+            "--data.num_workers", "0"]
+    one = [*TINY, "--trainer.max_epochs", "1"]
+    assert train_here(tmp_path, None, *one, *data, *split(2, 2), "--trainer.callbacks+=callbacks.BreakBatch",
+                      "--trainer.callbacks.batch", "17") == 0
+    ckpt = load(tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt")
+    assert ckpt["ImageFolderDataModule"] == {"train_epochs": 1, "epoch": 0, "images": 36, "skipped_images": 2,
+                                             "batch_images": 2, "step_images": 4, "epoch_end": True}
+    capsys.readouterr()
+    assert train_here(tmp_path, None, *TINY, *data, *split(4, 1), "--ckpt_path", "last") == 0, capsys.readouterr().err
+    assert load(tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt")["ImageFolderDataModule"]["epoch"] == 1
 
 
 SKIPPED = {"epoch": 1, "images": 96, "skipped_images": 32, "batch_images": 32, "step_images": 64}  # 1 step, 1 skip

@@ -26,7 +26,7 @@ import random
 
 import lightning as L
 import numpy as np
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.utilities import rank_zero_info
 import torch
 from torch.utils.data import Dataset, DistributedSampler
@@ -61,6 +61,7 @@ class DataPosition:
         # (epoch, position, of it skipped, images per unit: 1, or None for a checkpoint that counted this run's
         # loader batches) of a mid-epoch checkpoint
         self.resume_at: tuple[int, int, int, int | None] | None = None
+        self.batches = 0  # the newest iterator's length, in loader batches (skipped ones included)
         self.yielded = 0  # batches the newest iterator has given the loop, counted as the loop counts its epoch
         self.skipped: list[int] = []  # of the newest iterator's skipped batches, ``yielded`` when each was skipped
 
@@ -85,15 +86,21 @@ class DataPosition:
             self.epoch, start, skipped = self.epochs, 0, 0
             self.epochs += 1
         self.yielded, self.skipped = start - skipped, [-1] * skipped  # (those skipped before the resumed batch)
+        self.batches = batches
         return self.epoch, start
 
     def state_dict(self, trainer, batch_images: int, step_images: int) -> dict:
         """The position in images; ``batch_images``: images per loader batch, all processes together;
-        ``step_images``: the global batch (images per optimizer step), which a resumed run must keep."""
+        ``step_images``: the global batch (images per optimizer step), which a resumed run must keep;
+        ``epoch_end``: whether the loader has nothing left of its epoch (its batches all trained or skipped), which
+        the resumed run then starts anew (Lightning's own record of an epoch's last batch is not kept where the
+        loader skipped the batches at its end)."""
         consumed = consumed_batches(trainer) if trainer is not None else 0
-        skipped = sum(1 for yielded in self.skipped if yielded < consumed)
+        end = self.batches > 0 and consumed + len(self.skipped) >= self.batches
+        skipped = len(self.skipped) if end else sum(1 for yielded in self.skipped if yielded < consumed)
         return {"train_epochs": self.epochs, "epoch": self.epoch, "images": (consumed + skipped) * batch_images,
-                "skipped_images": skipped * batch_images, "batch_images": batch_images, "step_images": step_images}
+                "skipped_images": skipped * batch_images, "batch_images": batch_images, "step_images": step_images,
+                "epoch_end": end}
 
     def load_state_dict(self, state: dict) -> None:
         self.epochs = state.get("train_epochs", 0)
@@ -130,11 +137,16 @@ def check_global_batch(ckpt: dict, datamodule, accumulate: int, name: str | None
     check_position(ckpt, state, batch, name)
 
 
-def mid_epoch(ckpt: dict, position: int) -> bool:
-    """Whether a checkpoint's data position (anything but 0) is inside its epoch: Lightning's loop records
-    whether the last batch it took was its epoch's last (a checkpoint without the record counts as mid-epoch)."""
+def mid_epoch(ckpt: dict, state: dict, position: int) -> bool:
+    """Whether a checkpoint's data position (anything but 0) is inside its epoch: its data position records
+    whether the loader had finished the epoch (``DataPosition.state_dict``); a checkpoint of an earlier version, by
+    Lightning's record of whether the last batch its loop took was the epoch's last (without either, mid-epoch)."""
+    if position <= 0:
+        return False
+    if isinstance(state.get("epoch_end"), bool):
+        return not state["epoch_end"]
     progress = ckpt.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress", {})
-    return position > 0 and not progress.get("is_last_batch", False)
+    return not progress.get("is_last_batch", False)
 
 
 def check_position(ckpt: dict, state: dict, batch: int, name: str) -> None:
@@ -151,7 +163,7 @@ def check_position(ckpt: dict, state: dict, batch: int, name: str) -> None:
     images, skipped, theirs = state.get("images"), state.get("skipped_images", 0), state.get("batch_images")
     step = state.get("step_images")
     if not all(isinstance(n, int) and n >= 0 for n in (images, skipped, theirs, step)) or not theirs or \
-            not mid_epoch(ckpt, images):
+            not mid_epoch(ckpt, state, images):
         return
     if (images - skipped) % step:
         refuse_inside_step(name, (images - skipped) % step // theirs, step // theirs, theirs, images, "image",
@@ -236,7 +248,7 @@ def check_earlier_version(ckpt: dict, state: dict, batch: int | None, accumulate
     k = earlier_accumulation(ckpt, theirs)
     written = f"--data.batch_size {theirs // k} --trainer.accumulate_grad_batches {k}" if theirs and k else None
     batches, skipped, epoch = state.get("batches", 0), state.get("skipped", 0), state.get("epoch")
-    mid = isinstance(batches, int) and isinstance(skipped, int) and mid_epoch(ckpt, batches)
+    mid = isinstance(batches, int) and isinstance(skipped, int) and mid_epoch(ckpt, state, batches)
     if mid and written is None:
         known = (f" (its global batch: {theirs} images per optimizer step)" if theirs else
                  f" (its --trainer.accumulate_grad_batches: {k})" if k else "")
@@ -428,3 +440,36 @@ class StepCheckpoint(ModelCheckpoint):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if at_step_end(trainer) and not at_epoch_end(trainer):
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+
+class StepEndTimer(Timer):
+    """Lightning's Timer (``--trainer.max_time``), looking at the clock only where an optimizer step ends. The
+    Trainer's own looks after every batch, and a stop inside an accumulation window validates and writes its
+    checkpoints there: without the gradients summed so far, no split resumes them exactly (vit-train refuses
+    them). Its state is kept under the Timer's key, so the elapsed time of a run resumes either way."""
+
+    def __init__(self, duration):
+        super().__init__(duration=duration, interval="step")
+
+    @property
+    def state_key(self) -> str:
+        return Timer.__qualname__
+
+    def on_train_batch_end(self, trainer, *args, **kwargs):
+        if at_step_end(trainer):
+            super().on_train_batch_end(trainer, *args, **kwargs)
+
+
+def check_validation_interval(every, k: int) -> None:
+    """A validation inside an optimizer step writes checkpoints that no split resumes (``refuse_inside_step``):
+    with --trainer.accumulate_grad_batches ``k``, --trainer.val_check_interval ``every`` must be a number of
+    batches that is a multiple of k, or 1.0 (each epoch's end); a fraction of an epoch or a time is refused,
+    before training."""
+    if k == 1 or every is None or (isinstance(every, float) and every == 1.0) or \
+            (isinstance(every, int) and not isinstance(every, bool) and every % k == 0):
+        return
+    example = k * max(1, every // k) if isinstance(every, int) else k
+    raise ConfigError(f"--trainer.val_check_interval {every} validates inside an optimizer step of "
+                      f"--trainer.accumulate_grad_batches {k} batches, and a checkpoint written there resumes in "
+                      f"no split: validate every multiple of {k} batches (e.g. --trainer.val_check_interval "
+                      f"{example}), or at epochs' ends")
