@@ -54,25 +54,60 @@ def test_a_validation_inside_an_accumulation_window_is_refused_before_training(t
     assert load(tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt")["CIFAR10DataModule"]["images"] == 128
 
 
+def test_the_time_limit_looks_at_the_clock_where_optimizer_steps_end_only():
+    """A spent budget stops the run at the end of the accumulation window (batch 4 of 2 × 2), not inside it
+    (batch 3), where Lightning's own Timer stops; the state is kept under the Timer's key."""
+    from lightning.pytorch.callbacks import Timer
+
+    from vit.resume import StepEndTimer
+
+    progress = SimpleNamespace(current=SimpleNamespace(processed=0), is_last_batch=False)
+    trainer = SimpleNamespace(should_stop=False, accumulate_grad_batches=2, num_training_batches=8,
+                              strategy=SimpleNamespace(broadcast=lambda x: x),
+                              fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)))
+    timer = StepEndTimer("00:00:00:00")
+    timer.on_train_start(trainer, None)
+    stops = []
+    for processed in (1, 2, 3, 4):
+        progress.current.processed = processed
+        trainer.should_stop = False
+        timer.on_train_batch_end(trainer, None, None, None, processed - 1)
+        stops.append(trainer.should_stop)
+    assert stops == [False, True, False, True]
+    assert timer.state_key == Timer(duration="00:00:00:00").state_key == "Timer"
+
+
 @pytest.mark.long
-def test_the_time_limit_stops_at_an_optimizer_steps_end_and_the_run_resumes_in_another_split(tmp_path,
-                                                                                            fake_cifar_session):
-    """--trainer.max_time looks at the clock where optimizer steps end only (Lightning's Timer looks after every
-    batch, and its stop inside a window validates and checkpoints there): last.ckpt is at a step's end, keeps the
-    elapsed time under the Timer's key, and resumes as 64 × 1."""
+def test_a_time_limited_run_with_accumulation_resumes_in_another_split_with_its_elapsed_time(tmp_path,
+                                                                                          fake_cifar_session):
+    """--trainer.max_time with 32 × 2: last.ckpt is at an optimizer step's end and resumes as 64 × 1; the elapsed
+    time resumes with it (a budget it has spent already trains no step)."""
     run = ["--trainer.max_epochs", "-1", "--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2",
            "--trainer.logger", "false", "--test_after_fit", "false", *QUIET]
-    assert train_here(tmp_path, fake_cifar_session, *run, *split(32, 2), "--trainer.max_time", "00:00:00:03") == 0
-    ckpt = load(tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt")
-    state = ckpt["CIFAR10DataModule"]
-    assert state["images"] % 64 == 0 and state["images"] > 0, state
+    assert train_here(tmp_path, fake_cifar_session, *run, *split(32, 2), "--trainer.max_time", "00:00:00:02") == 0
+    last = tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt"
+    ckpt = load(last)
+    assert ckpt["CIFAR10DataModule"]["images"] % 64 == 0 and ckpt["global_step"] > 0
     elapsed = ckpt["callbacks"]["Timer"]["time_elapsed"]["train"]
-    assert elapsed >= 3
-    assert train_here(tmp_path, fake_cifar_session, *run, *split(64, 1), "--trainer.max_time", "00:00:00:05",
+    assert train_here(tmp_path, fake_cifar_session, *run, *split(64, 1), "--trainer.max_time", "00:00:00:02",
                       "--ckpt_path", "last") == 0
-    after = load(tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt")
-    assert after["global_step"] > ckpt["global_step"]
-    assert after["callbacks"]["Timer"]["time_elapsed"]["train"] >= 5  # (counted on from the first part's)
+    assert elapsed >= 2 and load(last)["global_step"] == ckpt["global_step"]  # spent: not a step more
+    budget = f"00:00:00:{int(elapsed) + 3:02d}"
+    assert train_here(tmp_path, fake_cifar_session, *run, *split(64, 1), "--trainer.max_time", budget,
+                      "--ckpt_path", "last") == 0
+    assert load(last)["global_step"] > ckpt["global_step"]
+
+
+def test_a_limited_epoch_ends_where_the_limit_ends_it(tmp_path, fake_cifar_session):
+    """--trainer.limit_train_batches 3 with 32 × 2: the epoch ends after batch 3 (a step of 1 batch), recorded as its
+    end, and the run resumes as written, starting epoch 1."""
+    run = [*TINY, *split(32, 2), "--trainer.limit_train_batches", "3"]
+    assert train_here(tmp_path, fake_cifar_session, *run, "--trainer.max_epochs", "1") == 0
+    last = tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt"
+    assert load(last)["CIFAR10DataModule"]["epoch_end"] is True
+    assert train_here(tmp_path, fake_cifar_session, *run, "--ckpt_path", "last") == 0
+    state = load(last)["CIFAR10DataModule"]
+    assert (state["epoch"], state["epoch_end"]) == (1, True)
 
 
 def test_a_place_after_a_skipped_batch_is_refused_where_the_new_loader_batches_cannot_reach_it(tmp_path, capsys):
@@ -193,7 +228,7 @@ def test_the_earlier_versions_checkpoint_resumes_at_its_global_batch_only(tmp_pa
     assert train_here(tmp_path, None, "--ckpt_path", str(OLD), *data, *arch, "--data.batch_size", "40",
                       "--trainer.max_epochs", "2") == 2
     assert errors_of(capsys) == [
-        f"error: {OLD}: written by an earlier version with a global batch of 20 images per optimizer step, and this "
+        f"error: {OLD}: written with a global batch of 20 images per optimizer step, and this "
         "run's is 40 (--data.batch_size 40 × --trainer.accumulate_grad_batches 1): resume it with --data.batch_size × "
         "--trainer.accumulate_grad_batches = 20, or start a new run"]
 
@@ -215,11 +250,11 @@ def test_an_earlier_versions_mid_epoch_checkpoint_is_refused_at_another_global_b
     name = path.relative_to(tmp_path)
     assert train_here(tmp_path, fake_cifar_session, *TINY, *split(128, 1), "--ckpt_path", "last") == 2
     assert errors_of(capsys) == [
-        f"error: {name}: written by an earlier version with a global batch of 64 images per optimizer step, and this "
+        f"error: {name}: written with a global batch of 64 images per optimizer step, and this "
         "run's is 128 (--data.batch_size 128 × --trainer.accumulate_grad_batches 1): resume it with --data.batch_size "
         "64 --trainer.accumulate_grad_batches 1, or start a new run"]
 
-    unknown = f"c.ckpt: written by an earlier version mid-epoch (loader batch 3 of epoch 0, counted in its own loader "
+    unknown = "c.ckpt: written mid-epoch, its place in the data counted in its own loader batches (batch 3 of epoch 0)"
     assert refused(ckpt, 64, 1) is None  # as written
     del ckpt["callbacks"]["TrainingClock"]
     ckpt["lr_schedulers"] = []
@@ -235,4 +270,4 @@ def test_an_earlier_versions_checkpoint_inside_an_accumulation_window_is_refused
                       callbacks={"TrainingClock": {"train_images": 9 * 128, "steps": 9}})
     ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"] = {"processed": 19}
     assert refused(ckpt, 64, 2).startswith("c.ckpt: written inside an optimizer step, after 1 of its 2 loader "
-                                           "batches of 64 images (loader batch 7 of epoch 1: a validation there")
+                                           "batches of 64 images (loader batch 7 of epoch 1: a validation or a stop there")

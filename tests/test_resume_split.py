@@ -148,8 +148,7 @@ def test_a_checkpoint_that_counted_loader_batches_is_refused_in_another_accumula
            "loops": {"fit_loop": {"epoch_loop.batch_progress": {"total": {"processed": 18}}}},
            "callbacks": {"TrainingClock": {"train_images": 9 * 128, "steps": 9}}}
     check_global_batch(old, CIFAR10DataModule(batch_size=64), 2, "old.ckpt")  # its own: 18 batches, 9 steps
-    with pytest.raises(ConfigError, match=r"^old.ckpt: written by an earlier version with "
-                                          r"--trainer.accumulate_grad_batches 2, and it counts its place in the data "
-                                          r"in those batches: resume it with --data.batch_size 64 "
-                                          r"--trainer.accumulate_grad_batches 2$"):
+    with pytest.raises(ConfigError, match=r"^old.ckpt: written with --trainer.accumulate_grad_batches 2, its place in "
+                                          r"the data counted in its own loader batches: resume it with "
+                                          r"--data.batch_size 64 --trainer.accumulate_grad_batches 2$"):
         check_global_batch(old, CIFAR10DataModule(batch_size=64), 1, "old.ckpt")

@@ -302,7 +302,7 @@ def run_callbacks(trainer: dict, configured: list, step_checkpoint_minutes: floa
     vit.progress.ProgressBar and ModelSummary unless one is configured or turned off."""
     from pathlib import Path
 
-    from lightning.pytorch.callbacks import LearningRateMonitor
+    from lightning.pytorch.callbacks import LearningRateMonitor, Timer
     from lightning.pytorch.callbacks import ModelSummary as LightningModelSummary
     from lightning.pytorch.callbacks import ProgressBar as LightningProgressBar
 
@@ -329,6 +329,6 @@ def run_callbacks(trainer: dict, configured: list, step_checkpoint_minutes: floa
                                         step_checkpoint_minutes))
     if stop_after_minutes:
         callbacks.append(StopAfterMinutes(stop_after_minutes))
-    if trainer.get("max_time") is not None:  # (the Trainer's own is then not made: vit.commands.train)
-        callbacks.append(StepEndTimer(trainer["max_time"]))
+    if trainer.get("max_time") is not None and not any(isinstance(c, Timer) for c in configured):
+        callbacks.append(StepEndTimer(trainer["max_time"]))  # (the Trainer then makes none: vit.commands.train)
     return callbacks

@@ -96,7 +96,8 @@ class DataPosition:
         the resumed run then starts anew (Lightning's own record of an epoch's last batch is not kept where the
         loader skipped the batches at its end)."""
         consumed = consumed_batches(trainer) if trainer is not None else 0
-        end = self.batches > 0 and consumed + len(self.skipped) >= self.batches
+        end = trainer is not None and consumed > 0 and at_epoch_end(trainer) or \
+            self.batches > 0 and consumed + len(self.skipped) >= self.batches
         skipped = len(self.skipped) if end else sum(1 for yielded in self.skipped if yielded < consumed)
         return {"train_epochs": self.epochs, "epoch": self.epoch, "images": (consumed + skipped) * batch_images,
                 "skipped_images": skipped * batch_images, "batch_images": batch_images, "step_images": step_images,
@@ -104,7 +105,9 @@ class DataPosition:
 
     def load_state_dict(self, state: dict) -> None:
         self.epochs = state.get("train_epochs", 0)
-        if "images" in state:
+        if state.get("epoch_end") is True:  # (the next iterator starts the next epoch)
+            self.resume_at = None
+        elif "images" in state:
             self.resume_at = (state["epoch"], state["images"], state["skipped_images"], 1)
         elif "batches" in state:  # (written before positions were kept in images: this run's loader batches)
             self.resume_at = (state["epoch"], state["batches"], state.get("skipped", 0), None)
@@ -137,16 +140,20 @@ def check_global_batch(ckpt: dict, datamodule, accumulate: int, name: str | None
     check_position(ckpt, state, batch, name)
 
 
+def dig(tree, *keys) -> dict:
+    """``tree[k1][k2]…``, a dict, or {} where a level is missing or not a dict (a crafted checkpoint)."""
+    for key in keys:
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    return tree if isinstance(tree, dict) else {}
+
+
 def mid_epoch(ckpt: dict, state: dict, position: int) -> bool:
-    """Whether a checkpoint's data position (anything but 0) is inside its epoch: its data position records
-    whether the loader had finished the epoch (``DataPosition.state_dict``); a checkpoint of an earlier version, by
-    Lightning's record of whether the last batch its loop took was the epoch's last (without either, mid-epoch)."""
-    if position <= 0:
+    """Whether a checkpoint's data position (anything but 0) is inside its epoch: not where its data position
+    records that the loader had finished the epoch (``DataPosition.state_dict``), nor where Lightning's loop
+    records that the last batch it took was the epoch's last (without either record, mid-epoch)."""
+    if position <= 0 or state.get("epoch_end") is True:
         return False
-    if isinstance(state.get("epoch_end"), bool):
-        return not state["epoch_end"]
-    progress = ckpt.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress", {})
-    return not progress.get("is_last_batch", False)
+    return dig(ckpt, "loops", "fit_loop", "epoch_loop.batch_progress").get("is_last_batch") is not True
 
 
 def check_position(ckpt: dict, state: dict, batch: int, name: str) -> None:
@@ -181,8 +188,8 @@ def check_position(ckpt: dict, state: dict, batch: int, name: str) -> None:
 
 def refuse_inside_step(name: str, done: int, per_step: int, batch: int, position: int, unit: str, epoch) -> None:
     """A checkpoint written inside an optimizer step, ``done`` of its ``per_step`` loader batches trained: a
-    validation there wrote it (--trainer.val_check_interval that is not a multiple of
-    --trainer.accumulate_grad_batches, or a stop that Lightning validates at: --trainer.max_time). It holds the
+    validation or a stop there wrote it (vit-train refuses such a --trainer.val_check_interval and stops for
+    --trainer.max_time at steps' ends; Lightning's own Timer, and other versions, did not). It holds the
     weights before the step and not the gradients summed over those batches, so no split continues it exactly
     (resumed as written, the step trains on its other batches' gradients alone): refused, never resumed to
     other weights without a word."""
@@ -190,11 +197,10 @@ def refuse_inside_step(name: str, done: int, per_step: int, batch: int, position
 
     step = Path(name).with_name("step.ckpt")
     raise ConfigError(f"{name}: written inside an optimizer step, after {done} of its {per_step} loader batches of "
-                      f"{batch} images ({unit} {position} of epoch {epoch}: a validation there wrote it), and a "
-                      f"checkpoint holds no gradients summed before it, so no split resumes it exactly: resume from "
-                      f"a checkpoint written at a step's end (--ckpt_path {step} where the run has one, "
-                      f"or an epoch's end) and validate every multiple of --trainer.accumulate_grad_batches "
-                      f"{per_step} batches")
+                      f"{batch} images ({unit} {position} of epoch {epoch}: a validation or a stop there wrote it), "
+                      f"and a checkpoint holds no gradients summed before it, so no split resumes it exactly: resume "
+                      f"from a checkpoint written at a step's end (--ckpt_path {step} where the run has one, or an "
+                      f"epoch's end)")
 
 
 def earlier_global_batch(ckpt: dict) -> int | None:
@@ -207,15 +213,18 @@ def earlier_global_batch(ckpt: dict) -> int | None:
     (seldom a whole number) and the scheduler the first; such a run's data position was already misplaced by
     that resume. None: neither reads as a whole number (then a mid-epoch resume is refused:
     ``check_earlier_version``)."""
-    clock = next((v for k, v in ckpt.get("callbacks", {}).items() if k.startswith("TrainingClock")), {})
+    clock = next((v for k, v in dig(ckpt, "callbacks").items() if k.startswith("TrainingClock")), None)
+    clock = clock if isinstance(clock, dict) else {}
     images, steps = clock.get("train_images"), clock.get("steps")
     if isinstance(images, int) and isinstance(steps, int) and steps > 0 and images % steps == 0:
         return images // steps
-    hparams = ckpt.get("hyper_parameters") or {}
-    options = hparams.get("optimizer") if isinstance(hparams.get("optimizer"), dict) else hparams  # (flat, earlier)
+    hparams = dig(ckpt, "hyper_parameters")
+    options = dig(hparams, "optimizer") or hparams  # (grouped, or flat as they were once written)
     lr, stated = options.get("lr"), options.get("lr_batch_size")
-    schedulers = ckpt.get("lr_schedulers") or [{}]
-    base = (schedulers[0].get("base_values") or [None])[-1] if isinstance(schedulers[0], dict) else None
+    schedulers = ckpt.get("lr_schedulers")
+    first = schedulers[0] if isinstance(schedulers, list) and schedulers and isinstance(schedulers[0], dict) else {}
+    values = first.get("base_values")
+    base = values[-1] if isinstance(values, list) and values else None
     if not all(isinstance(x, (int, float)) and x > 0 for x in (lr, stated, base)):
         return None
     batch = base * stated / lr
@@ -227,8 +236,8 @@ def earlier_accumulation(ckpt: dict, global_batch: int | None) -> int | None:
     steps, so its loop's batches are ``steps × k`` and, where a validation inside an accumulation window wrote
     it, fewer than ``k`` more; of the ``k`` that fit (and split the global batch, where known), the one. None:
     none or several fit."""
-    progress = ckpt.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress", {})
-    batches, steps = progress.get("total", {}).get("processed"), ckpt.get("global_step")
+    batches = dig(ckpt, "loops", "fit_loop", "epoch_loop.batch_progress", "total").get("processed")
+    steps = ckpt.get("global_step")
     if not isinstance(batches, int) or not isinstance(steps, int) or steps <= 0 or batches < steps:
         return None
     fit = [k for k in range(batches // (steps + 1) + 1, batches // steps + 1)
@@ -242,8 +251,8 @@ def check_earlier_version(ckpt: dict, state: dict, batch: int | None, accumulate
     processes share them). Both are read back where the checkpoint tells them (``earlier_global_batch``,
     ``earlier_accumulation``); another global batch or accumulation is refused in one line. A mid-epoch one
     whose split cannot be read back is refused too, rather than resumed on the chance that the command line
-    is right: resumed in another split it would continue at another image without a word (its epoch-end
-    ones start a new epoch: any split of their global batch continues them)."""
+    is right: resumed in another split it would continue at another image without a word. Its accumulation
+    is kept at an epoch's end too: the position, in its loader batches, is counted in the resumed run's."""
     theirs = earlier_global_batch(ckpt)
     k = earlier_accumulation(ckpt, theirs)
     written = f"--data.batch_size {theirs // k} --trainer.accumulate_grad_batches {k}" if theirs and k else None
@@ -252,20 +261,20 @@ def check_earlier_version(ckpt: dict, state: dict, batch: int | None, accumulate
     if mid and written is None:
         known = (f" (its global batch: {theirs} images per optimizer step)" if theirs else
                  f" (its --trainer.accumulate_grad_batches: {k})" if k else "")
-        raise ConfigError(f"{name}: written by an earlier version mid-epoch (loader batch {batches} of epoch {epoch}, "
-                          f"counted in its own loader batches), and its --data.batch_size and "
-                          f"--trainer.accumulate_grad_batches cannot be read from it{known}, so this run cannot "
-                          f"continue at its image: resume it with the version that wrote it, or resume the run "
-                          f"from a checkpoint of an epoch's end (--ckpt_path FILE)")
+        raise ConfigError(f"{name}: written mid-epoch, its place in the data counted in its own loader batches "
+                          f"(batch {batches} of epoch {epoch}) and its --data.batch_size and "
+                          f"--trainer.accumulate_grad_batches recorded nowhere it can be read from{known}, so this run "
+                          f"cannot continue at its image: resume the run from a checkpoint of an epoch's end "
+                          f"(--ckpt_path FILE), or start a new run")
     if mid and (batches - skipped) % k:
         refuse_inside_step(name, (batches - skipped) % k, k, theirs // k, batches, "loader batch", epoch)
     if k is not None and k != accumulate:
         how = written or f"--trainer.accumulate_grad_batches {k} and the --data.batch_size it was written with"
-        raise ConfigError(f"{name}: written by an earlier version with --trainer.accumulate_grad_batches {k}, and "
-                          f"it counts its place in the data in those batches: resume it with {how}")
+        raise ConfigError(f"{name}: written with --trainer.accumulate_grad_batches {k}, its place in the data counted "
+                          f"in its own loader batches: resume it with {how}")
     if theirs is not None and batch is not None and theirs != batch * accumulate:
         how = written if mid else f"--data.batch_size × --trainer.accumulate_grad_batches = {theirs}"
-        raise ConfigError(f"{name}: written by an earlier version with a global batch of {theirs} images per "
+        raise ConfigError(f"{name}: written with a global batch of {theirs} images per "
                           f"optimizer step, and this run's is {batch * accumulate} (--data.batch_size {batch} × "
                           f"--trainer.accumulate_grad_batches {accumulate}): resume it with {how}, or start a "
                           f"new run")

@@ -37,7 +37,7 @@ from vit.data import split_batch
 from vit.exits import ConfigError, Stopped
 from vit.loggers import quiet_lightning
 from vit.module import ViTClassifier
-from vit.resume import check_global_batch, check_validation_interval
+from vit.resume import StepEndTimer, check_global_batch, check_validation_interval
 
 MODES = ("fit", "test")
 
@@ -263,7 +263,8 @@ class ViTCLI(LightningCLI):
         configured = configured if isinstance(configured, list) else [configured]
         kwargs["callbacks"] = [*configured, *run_callbacks(config, configured, self.config.step_checkpoint_minutes,
                                                            self.config.stop_after_minutes, self.config.ddp_timeout)]
-        kwargs["max_time"] = None  # (its Timer is among the run's callbacks: vit.resume.StepEndTimer)
+        if any(isinstance(c, StepEndTimer) for c in kwargs["callbacks"]):
+            kwargs["max_time"] = None  # (its Timer is among the run's callbacks)
         return super().instantiate_trainer(**kwargs)
 
     def check_batch(self) -> None:
