@@ -135,7 +135,8 @@ def test_a_checkpoint_that_counted_loader_batches_resumes_in_its_own_split(tmp_p
 
 
 def test_a_checkpoint_that_counted_loader_batches_is_refused_in_another_accumulation():
-    """An earlier version's checkpoint records no split; its accumulation is its batches per optimizer step."""
+    """An earlier version's checkpoint records no split; its accumulation is its batches per optimizer step, its
+    global batch its images trained per step (vit.callbacks.TrainingClock): the line names the split to resume in."""
     from types import SimpleNamespace
 
     from vit.exits import ConfigError
@@ -144,10 +145,10 @@ def test_a_checkpoint_that_counted_loader_batches_is_refused_in_another_accumula
     CIFAR10DataModule = type("CIFAR10DataModule", (SimpleNamespace,), {})  # (the name the state is kept under)
 
     old = {"global_step": 9, "CIFAR10DataModule": {"train_epochs": 2, "epoch": 1, "batches": 6, "skipped": 0},
-           "loops": {"fit_loop": {"epoch_loop.batch_progress": {"total": {"processed": 18}}}}}
+           "loops": {"fit_loop": {"epoch_loop.batch_progress": {"total": {"processed": 18}}}},
+           "callbacks": {"TrainingClock": {"train_images": 9 * 128, "steps": 9}}}
     check_global_batch(old, CIFAR10DataModule(batch_size=64), 2, "old.ckpt")  # its own: 18 batches, 9 steps
-    with pytest.raises(ConfigError, match=r"^old.ckpt: written by an earlier version with "
-                                          r"--trainer.accumulate_grad_batches 2, and it counts its place in the data "
-                                          r"in those batches: resume it with --trainer.accumulate_grad_batches 2 "
-                                          r"and the --data.batch_size it was written with$"):
+    with pytest.raises(ConfigError, match=r"^old.ckpt: written with --trainer.accumulate_grad_batches 2, its place in "
+                                          r"the data counted in its own loader batches: resume it with "
+                                          r"--data.batch_size 64 --trainer.accumulate_grad_batches 2$"):
         check_global_batch(old, CIFAR10DataModule(batch_size=64), 1, "old.ckpt")

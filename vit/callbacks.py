@@ -295,20 +295,21 @@ def run_callbacks(trainer: dict, configured: list, step_checkpoint_minutes: floa
     checkpoints, throughput, W&B media, time to accuracy): the watchdog (a process with no batch in
     ``stuck_seconds`` ends), exact resume (epoch seeds), the divergence
     and preemption stops (looked at every log_every_n_steps steps), the run's clock and record, the
-    learning rate in the logs, --stop_after_minutes, the rolling step checkpoint and each process's RNG
+    learning rate in the logs, --stop_after_minutes, --trainer.max_time at optimizer steps' ends
+    (vit.resume.StepEndTimer), the rolling step checkpoint and each process's RNG
     states in checkpoints, a checkpoint's batch counts in this run's split (exact mid-epoch resume under any
     split of the global batch, vit.resume), the W&B run's id in checkpoints, and
     vit.progress.ProgressBar and ModelSummary unless one is configured or turned off."""
     from pathlib import Path
 
-    from lightning.pytorch.callbacks import LearningRateMonitor
+    from lightning.pytorch.callbacks import LearningRateMonitor, Timer
     from lightning.pytorch.callbacks import ModelSummary as LightningModelSummary
     from lightning.pytorch.callbacks import ProgressBar as LightningProgressBar
 
     from vit import runs
     from vit.guards import StopAfterMinutes, StopOnNonFinite, StopOnSignal, Watchdog
     from vit.progress import ModelSummary, ProgressBar
-    from vit.resume import DataSplit, RNGStates, StepCheckpoint
+    from vit.resume import DataSplit, RNGStates, StepCheckpoint, StepEndTimer
     from vit.seeding import EpochSeed
 
     every = trainer.get("log_every_n_steps") or 50
@@ -328,4 +329,6 @@ def run_callbacks(trainer: dict, configured: list, step_checkpoint_minutes: floa
                                         step_checkpoint_minutes))
     if stop_after_minutes:
         callbacks.append(StopAfterMinutes(stop_after_minutes))
+    if trainer.get("max_time") is not None and not any(isinstance(c, Timer) for c in configured):
+        callbacks.append(StepEndTimer(trainer["max_time"]))  # (the Trainer then makes none: vit.commands.train)
     return callbacks

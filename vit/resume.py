@@ -7,9 +7,10 @@ and its RNG states, which live here.
   rank, and ``SeededSamples`` applies the per-image augmentation under that seed, in whichever worker. A
   resumed epoch starts at the first batch the loop had not consumed (``DataPosition``, the datamodule's
   state in the checkpoint), counted in images, so that any split of the same global batch resumes there
-  (``DataSplit``); the device pipeline (vit.device_data) does the same per batch. The position is
-  what the training loop consumed, not what the loader produced: workers and Lightning's prefetching run
-  ahead of training.
+  (``DataSplit``); the device pipeline (vit.device_data) does the same per batch. The position is what the
+  training loop consumed, not what the loader produced: workers and Lightning's prefetching run ahead of
+  training. A resume whose split cannot reach that place exactly, or from a place inside an optimizer step,
+  is refused before training, never rounded down (``check_global_batch``).
 - **The training process's own draws** (dropout, stochastic depth, token dropping, Mixup/CutMix, random
   erasing): ``RNGStates`` keeps every process's torch, CUDA, numpy and python RNG states in each
   checkpoint and sets them again right before the step after the one the checkpoint was taken at.
@@ -25,7 +26,7 @@ import random
 
 import lightning as L
 import numpy as np
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.utilities import rank_zero_info
 import torch
 from torch.utils.data import Dataset, DistributedSampler
@@ -60,16 +61,24 @@ class DataPosition:
         # (epoch, position, of it skipped, images per unit: 1, or None for a checkpoint that counted this run's
         # loader batches) of a mid-epoch checkpoint
         self.resume_at: tuple[int, int, int, int | None] | None = None
+        self.batches = 0  # the newest iterator's length, in loader batches (skipped ones included)
         self.yielded = 0  # batches the newest iterator has given the loop, counted as the loop counts its epoch
         self.skipped: list[int] = []  # of the newest iterator's skipped batches, ``yielded`` when each was skipped
 
     def begin(self, batches: int, batch_images: int) -> tuple[int, int]:
         """(epoch, first batch) of a new iterator over ``batches`` batches of ``batch_images`` images each (all
-        processes together)."""
+        processes together). A mid-epoch position that is not a whole number of those batches is refused, never
+        rounded down (vit-train refuses it before training: ``check_position``; this is the last guard)."""
         resume, self.resume_at = self.resume_at, None
         if resume is not None:
             epoch, position, skipped, per = resume
             unit = batch_images // (per or batch_images)  # (the position's unit, in images, per batch)
+            if 0 < position < batches * unit and (position % unit or skipped % unit):
+                among = f" ({skipped} of them in skipped batches)" if skipped else ""
+                raise ConfigError(f"the checkpoint's place in the data, image {position} of epoch {epoch}{among}, is "
+                                  f"not a whole number of this run's loader batches of {batch_images} images: resume "
+                                  f"it with the --data.batch_size and --trainer.accumulate_grad_batches it was "
+                                  f"written with")
             start, skipped = position // unit, skipped // unit
         if resume is not None and 0 < start < batches:
             self.epoch = epoch
@@ -77,19 +86,28 @@ class DataPosition:
             self.epoch, start, skipped = self.epochs, 0, 0
             self.epochs += 1
         self.yielded, self.skipped = start - skipped, [-1] * skipped  # (those skipped before the resumed batch)
+        self.batches = batches
         return self.epoch, start
 
     def state_dict(self, trainer, batch_images: int, step_images: int) -> dict:
         """The position in images; ``batch_images``: images per loader batch, all processes together;
-        ``step_images``: the global batch (images per optimizer step), which a resumed run must keep."""
+        ``step_images``: the global batch (images per optimizer step), which a resumed run must keep;
+        ``epoch_end``: whether the loader has nothing left of its epoch (its batches all trained or skipped), which
+        the resumed run then starts anew (Lightning's own record of an epoch's last batch is not kept where the
+        loader skipped the batches at its end)."""
         consumed = consumed_batches(trainer) if trainer is not None else 0
-        skipped = sum(1 for yielded in self.skipped if yielded < consumed)
+        end = trainer is not None and consumed > 0 and at_epoch_end(trainer) or \
+            self.batches > 0 and consumed + len(self.skipped) >= self.batches
+        skipped = len(self.skipped) if end else sum(1 for yielded in self.skipped if yielded < consumed)
         return {"train_epochs": self.epochs, "epoch": self.epoch, "images": (consumed + skipped) * batch_images,
-                "skipped_images": skipped * batch_images, "batch_images": batch_images, "step_images": step_images}
+                "skipped_images": skipped * batch_images, "batch_images": batch_images, "step_images": step_images,
+                "epoch_end": end}
 
     def load_state_dict(self, state: dict) -> None:
         self.epochs = state.get("train_epochs", 0)
-        if "images" in state:
+        if state.get("epoch_end") is True:  # (the next iterator starts the next epoch)
+            self.resume_at = None
+        elif "images" in state:
             self.resume_at = (state["epoch"], state["images"], state["skipped_images"], 1)
         elif "batches" in state:  # (written before positions were kept in images: this run's loader batches)
             self.resume_at = (state["epoch"], state["batches"], state.get("skipped", 0), None)
@@ -99,37 +117,167 @@ class DataPosition:
 
 def check_global_batch(ckpt: dict, datamodule, accumulate: int, name: str | None = None) -> None:
     """A resume that keeps the checkpoint's global batch (images per optimizer step: --data.batch_size ×
-    --trainer.accumulate_grad_batches), split in any way; another one is refused in one line, before training
-    (it would change the steps of an epoch, the learning rate's scaling and the schedule mid-run)."""
+    --trainer.accumulate_grad_batches), split in any way that reaches its place in the data exactly; another
+    one is refused in one line, before training (a changed global batch would change the steps of an epoch, the
+    learning rate's scaling and the schedule mid-run; a place between two loader batches would be rounded down
+    to the start of a batch, and the run would train on other images than the uninterrupted run's)."""
     state = ckpt.get(type(datamodule).__qualname__)
     state = state if isinstance(state, dict) else {}
-    if "batches" in state:  # an earlier version's, in its own loader batches
-        check_accumulation(ckpt, accumulate, name)
-    theirs = state.get("step_images")
     batch = getattr(datamodule, "batch_size", None)
-    if theirs is None or not isinstance(batch, int) or theirs == batch * accumulate:
+    batch = batch if isinstance(batch, int) else None
+    name = name or "the checkpoint"
+    if "batches" in state:  # an earlier version's, in its own loader batches
+        check_earlier_version(ckpt, state, batch, accumulate, name)
         return
-    raise ConfigError(f"{name or 'the checkpoint'}: written with a global batch of {theirs} images per optimizer "
-                      f"step, and this run's is {batch * accumulate} (--data.batch_size {batch} × "
-                      f"--trainer.accumulate_grad_batches {accumulate}): resume with --data.batch_size × "
-                      f"--trainer.accumulate_grad_batches = {theirs}, split as you like, or start a new run")
+    theirs = state.get("step_images")
+    if theirs is None or batch is None:
+        return
+    if theirs != batch * accumulate:
+        raise ConfigError(f"{name}: written with a global batch of {theirs} images per optimizer step, and this "
+                          f"run's is {batch * accumulate} (--data.batch_size {batch} × "
+                          f"--trainer.accumulate_grad_batches {accumulate}): resume with --data.batch_size × "
+                          f"--trainer.accumulate_grad_batches = {theirs}, split as you like, or start a new run")
+    check_position(ckpt, state, batch, name)
 
 
-def check_accumulation(ckpt: dict, accumulate: int, name: str | None) -> None:
-    """A checkpoint of an earlier version counted the data's position in its loader batches and did not record
-    its split: resumed with its global batch and its accumulation, those batches are this run's (however the
-    processes share them). Its accumulation is its batches per optimizer step (every epoch is whole steps);
-    another one is refused in one line."""
-    progress = ckpt.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress", {})
-    batches, steps = progress.get("total", {}).get("processed"), ckpt.get("global_step")
-    if not isinstance(batches, int) or not isinstance(steps, int) or steps <= 0 or batches % steps:
+def dig(tree, *keys) -> dict:
+    """``tree[k1][k2]…``, a dict, or {} where a level is missing or not a dict (a crafted checkpoint)."""
+    for key in keys:
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    return tree if isinstance(tree, dict) else {}
+
+
+def mid_epoch(ckpt: dict, state: dict, position: int) -> bool:
+    """Whether a checkpoint's data position (anything but 0) is inside its epoch: not where its data position
+    records that the loader had finished the epoch (``DataPosition.state_dict``), nor where Lightning's loop
+    records that the last batch it took was the epoch's last (without either record, mid-epoch)."""
+    if position <= 0 or state.get("epoch_end") is True:
+        return False
+    return dig(ckpt, "loops", "fit_loop", "epoch_loop.batch_progress").get("is_last_batch") is not True
+
+
+def check_position(ckpt: dict, state: dict, batch: int, name: str) -> None:
+    """A mid-epoch checkpoint's place in the data (``DataPosition``: images of the epoch's order, all processes
+    together, and of them those of skipped batches) must be where an optimizer step ended (``refuse_inside_step``)
+    and a whole number of this run's loader batches of ``batch`` images (--data.batch_size: each process's share
+    × the processes, as vit.data.split_batch has checked before this), or the resumed epoch would start at the
+    batch before it. Step checkpoints and the stop at a signal are written at a step's end: a multiple of the
+    global batch, which fits every split of it, unless the loader skipped unreadable batches
+    (vit.data.SkipUnreadable) of fewer images than this run's before it. Refused in one line naming the splits
+    that fit."""
+    import math
+
+    images, skipped, theirs = state.get("images"), state.get("skipped_images", 0), state.get("batch_images")
+    step = state.get("step_images")
+    if not all(isinstance(n, int) and n >= 0 for n in (images, skipped, theirs, step)) or not theirs or \
+            not mid_epoch(ckpt, state, images):
         return
-    theirs = batches // steps
-    if theirs != accumulate:
-        raise ConfigError(f"{name or 'the checkpoint'}: written by an earlier version with "
-                          f"--trainer.accumulate_grad_batches {theirs}, and it counts its place in the data in "
-                          f"those batches: resume it with --trainer.accumulate_grad_batches {theirs} and the "
-                          f"--data.batch_size it was written with")
+    if (images - skipped) % step:
+        refuse_inside_step(name, (images - skipped) % step // theirs, step // theirs, theirs, images, "image",
+                           state.get("epoch"))
+    if images % batch == 0 and skipped % batch == 0:
+        return
+    fits = math.gcd(images, skipped, step)  # (the loader batches that reach both counts and split the step)
+    raise ConfigError(f"{name}: its place in the data is image {images} of epoch {state.get('epoch')}, after "
+                      f"{skipped // theirs} unreadable loader batch(es) of {theirs} images it skipped, which this "
+                      f"run's loader batches of {batch} images (--data.batch_size {batch}) do not reach: resume it "
+                      f"with a --data.batch_size that divides {fits} and --data.batch_size × "
+                      f"--trainer.accumulate_grad_batches = {step}, e.g. as it was written: --data.batch_size "
+                      f"{theirs} --trainer.accumulate_grad_batches {step // theirs}")
+
+
+def refuse_inside_step(name: str, done: int, per_step: int, batch: int, position: int, unit: str, epoch) -> None:
+    """A checkpoint written inside an optimizer step, ``done`` of its ``per_step`` loader batches trained: a
+    validation or a stop there wrote it (vit-train refuses such a --trainer.val_check_interval and stops for
+    --trainer.max_time at steps' ends; Lightning's own Timer, and other versions, did not). It holds the
+    weights before the step and not the gradients summed over those batches, so no split continues it exactly
+    (resumed as written, the step trains on its other batches' gradients alone): refused, never resumed to
+    other weights without a word."""
+    from pathlib import Path
+
+    step = Path(name).with_name("step.ckpt")
+    raise ConfigError(f"{name}: written inside an optimizer step, after {done} of its {per_step} loader batches of "
+                      f"{batch} images ({unit} {position} of epoch {epoch}: a validation or a stop there wrote it), "
+                      f"and a checkpoint holds no gradients summed before it, so no split resumes it exactly: resume "
+                      f"from a checkpoint written at a step's end (--ckpt_path {step} where the run has one, or an "
+                      f"epoch's end)")
+
+
+def earlier_global_batch(ckpt: dict) -> int | None:
+    """The global batch (images per optimizer step) of a checkpoint of an earlier version, which did not record
+    it beside its data position: vit.callbacks.TrainingClock's images trained over its optimizer steps (every
+    version since the data position was kept counted both, at the global batch), or else the learning rate's
+    scaling (``lr × global batch / lr_batch_size``, which every version applied: the scheduler's base value of
+    the AdamW groups, the last ones, over the options' lr). Both are of the whole run, resumes included: of a run
+    that an earlier version resumed with another global batch (it did not refuse one) the clock gives the mean
+    (seldom a whole number) and the scheduler the first; such a run's data position was already misplaced by
+    that resume. None: neither reads as a whole number (then a mid-epoch resume is refused:
+    ``check_earlier_version``)."""
+    clock = next((v for k, v in dig(ckpt, "callbacks").items() if k.startswith("TrainingClock")), None)
+    clock = clock if isinstance(clock, dict) else {}
+    images, steps = clock.get("train_images"), clock.get("steps")
+    if isinstance(images, int) and isinstance(steps, int) and steps > 0 and images % steps == 0:
+        return images // steps
+    hparams = dig(ckpt, "hyper_parameters")
+    options = dig(hparams, "optimizer") or hparams  # (grouped, or flat as they were once written)
+    lr, stated = options.get("lr"), options.get("lr_batch_size")
+    schedulers = ckpt.get("lr_schedulers")
+    first = schedulers[0] if isinstance(schedulers, list) and schedulers and isinstance(schedulers[0], dict) else {}
+    values = first.get("base_values")
+    base = values[-1] if isinstance(values, list) and values else None
+    if not all(isinstance(x, (int, float)) and x > 0 for x in (lr, stated, base)):
+        return None
+    batch = base * stated / lr
+    return round(batch) if round(batch) > 0 and abs(batch - round(batch)) <= 1e-6 * batch else None
+
+
+def earlier_accumulation(ckpt: dict, global_batch: int | None) -> int | None:
+    """The batches per optimizer step of a checkpoint of an earlier version: every epoch is whole optimizer
+    steps, so its loop's batches are ``steps × k`` and, where a validation inside an accumulation window wrote
+    it, fewer than ``k`` more; of the ``k`` that fit (and split the global batch, where known), the one. None:
+    none or several fit."""
+    batches = dig(ckpt, "loops", "fit_loop", "epoch_loop.batch_progress", "total").get("processed")
+    steps = ckpt.get("global_step")
+    if not isinstance(batches, int) or not isinstance(steps, int) or steps <= 0 or batches < steps:
+        return None
+    fit = [k for k in range(batches // (steps + 1) + 1, batches // steps + 1)
+           if batches // k == steps and (global_batch is None or global_batch % k == 0)]
+    return fit[0] if len(fit) == 1 else None
+
+
+def check_earlier_version(ckpt: dict, state: dict, batch: int | None, accumulate: int, name: str) -> None:
+    """A checkpoint of an earlier version counted the data's position in its own loader batches and recorded
+    neither its global batch nor its split: resumed with both, those batches are this run's (however the
+    processes share them). Both are read back where the checkpoint tells them (``earlier_global_batch``,
+    ``earlier_accumulation``); another global batch or accumulation is refused in one line. A mid-epoch one
+    whose split cannot be read back is refused too, rather than resumed on the chance that the command line
+    is right: resumed in another split it would continue at another image without a word. Its accumulation
+    is kept at an epoch's end too: the position, in its loader batches, is counted in the resumed run's."""
+    theirs = earlier_global_batch(ckpt)
+    k = earlier_accumulation(ckpt, theirs)
+    written = f"--data.batch_size {theirs // k} --trainer.accumulate_grad_batches {k}" if theirs and k else None
+    batches, skipped, epoch = state.get("batches", 0), state.get("skipped", 0), state.get("epoch")
+    mid = isinstance(batches, int) and isinstance(skipped, int) and mid_epoch(ckpt, state, batches)
+    if mid and written is None:
+        known = (f" (its global batch: {theirs} images per optimizer step)" if theirs else
+                 f" (its --trainer.accumulate_grad_batches: {k})" if k else "")
+        raise ConfigError(f"{name}: written mid-epoch, its place in the data counted in its own loader batches "
+                          f"(batch {batches} of epoch {epoch}) and its --data.batch_size and "
+                          f"--trainer.accumulate_grad_batches recorded nowhere it can be read from{known}, so this run "
+                          f"cannot continue at its image: resume the run from a checkpoint of an epoch's end "
+                          f"(--ckpt_path FILE), or start a new run")
+    if mid and (batches - skipped) % k:
+        refuse_inside_step(name, (batches - skipped) % k, k, theirs // k, batches, "loader batch", epoch)
+    if k is not None and k != accumulate:
+        how = written or f"--trainer.accumulate_grad_batches {k} and the --data.batch_size it was written with"
+        raise ConfigError(f"{name}: written with --trainer.accumulate_grad_batches {k}, its place in the data counted "
+                          f"in its own loader batches: resume it with {how}")
+    if theirs is not None and batch is not None and theirs != batch * accumulate:
+        how = written if mid else f"--data.batch_size × --trainer.accumulate_grad_batches = {theirs}"
+        raise ConfigError(f"{name}: written with a global batch of {theirs} images per "
+                          f"optimizer step, and this run's is {batch * accumulate} (--data.batch_size {batch} × "
+                          f"--trainer.accumulate_grad_batches {accumulate}): resume it with {how}, or start a "
+                          f"new run")
 
 
 def batch_images(trainer) -> int | None:
@@ -301,3 +449,36 @@ class StepCheckpoint(ModelCheckpoint):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if at_step_end(trainer) and not at_epoch_end(trainer):
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+
+class StepEndTimer(Timer):
+    """Lightning's Timer (``--trainer.max_time``), looking at the clock only where an optimizer step ends. The
+    Trainer's own looks after every batch, and a stop inside an accumulation window validates and writes its
+    checkpoints there: without the gradients summed so far, no split resumes them exactly (vit-train refuses
+    them). Its state is kept under the Timer's key, so the elapsed time of a run resumes either way."""
+
+    def __init__(self, duration):
+        super().__init__(duration=duration, interval="step")
+
+    @property
+    def state_key(self) -> str:
+        return Timer.__qualname__
+
+    def on_train_batch_end(self, trainer, *args, **kwargs):
+        if at_step_end(trainer):
+            super().on_train_batch_end(trainer, *args, **kwargs)
+
+
+def check_validation_interval(every, k: int) -> None:
+    """A validation inside an optimizer step writes checkpoints that no split resumes (``refuse_inside_step``):
+    with --trainer.accumulate_grad_batches ``k``, --trainer.val_check_interval ``every`` must be a number of
+    batches that is a multiple of k, or 1.0 (each epoch's end); a fraction of an epoch or a time is refused,
+    before training."""
+    if k == 1 or every is None or (isinstance(every, float) and every == 1.0) or \
+            (isinstance(every, int) and not isinstance(every, bool) and every % k == 0):
+        return
+    example = k * max(1, every // k) if isinstance(every, int) else k
+    raise ConfigError(f"--trainer.val_check_interval {every} validates inside an optimizer step of "
+                      f"--trainer.accumulate_grad_batches {k} batches, and a checkpoint written there resumes in "
+                      f"no split: validate every multiple of {k} batches (e.g. --trainer.val_check_interval "
+                      f"{example}), or at epochs' ends")

@@ -37,7 +37,7 @@ from vit.data import split_batch
 from vit.exits import ConfigError, Stopped
 from vit.loggers import quiet_lightning
 from vit.module import ViTClassifier
-from vit.resume import check_global_batch
+from vit.resume import StepEndTimer, check_global_batch, check_validation_interval
 
 MODES = ("fit", "test")
 
@@ -264,6 +264,8 @@ class ViTCLI(LightningCLI):
         configured = configured if isinstance(configured, list) else [configured]
         kwargs["callbacks"] = [*configured, *run_callbacks(config, configured, self.config.step_checkpoint_minutes,
                                                            self.config.stop_after_minutes, self.config.ddp_timeout)]
+        if any(isinstance(c, StepEndTimer) for c in kwargs["callbacks"]):
+            kwargs["max_time"] = None  # (its Timer is among the run's callbacks)
         return super().instantiate_trainer(**kwargs)
 
     def check_batch(self) -> None:
@@ -275,6 +277,7 @@ class ViTCLI(LightningCLI):
     def fit(self) -> None:
         ckpt = str(self.resume[0]) if self.resume else None
         self.check_batch()
+        check_validation_interval(self.config.trainer.val_check_interval, self.trainer.accumulate_grad_batches)
         if self.resume:
             check_global_batch(self.resume[1], self.datamodule, self.trainer.accumulate_grad_batches, ckpt)
         if self.trainer.world_size > 1:

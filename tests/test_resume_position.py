@@ -1,0 +1,273 @@
+"""A resumed run starts at its checkpoint's image or not at all: a place in the data that the new split's loader
+batches cannot reach exactly (after skipped unreadable batches), one inside an optimizer step (a validation
+there wrote it), and a checkpoint of an earlier version whose global batch or split is not the resumed run's
+(or cannot be read from it) are refused before training with one line and exit 2, never rounded down to the
+batch before (vit.resume.check_global_batch). The splits that reach it resume exactly: tests/test_resume_split.py,
+tests/test_accumulation.py."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from helpers import QUIET, TESTS, errors_of, load, train_here
+from vit.exits import ConfigError
+from vit.resume import (DataPosition, check_global_batch, earlier_accumulation, earlier_global_batch)
+
+TINY = ["--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2", "--trainer.max_epochs", "2",
+        "--trainer.logger", "false", "--test_after_fit", "false", *QUIET]
+CIFAR10DataModule = type("CIFAR10DataModule", (SimpleNamespace,), {})  # (the name the state is kept under)
+
+
+def split(batch: int, accumulate: int) -> list[str]:
+    return ["--data.batch_size", str(batch), "--trainer.accumulate_grad_batches", str(accumulate)]
+
+
+def checkpoint(state: dict, last_batch: bool = False, **rest) -> dict:
+    return {"CIFAR10DataModule": state, **rest,
+            "loops": {"fit_loop": {"epoch_loop.batch_progress": {"is_last_batch": last_batch}}}}
+
+
+def refused(ckpt: dict, batch: int, accumulate: int) -> str | None:
+    try:
+        check_global_batch(ckpt, CIFAR10DataModule(batch_size=batch), accumulate, "c.ckpt")
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+# --- the position in images (checkpoints of this version) --------------------------------------------------------
+
+def test_a_validation_inside_an_accumulation_window_is_refused_before_training(tmp_path, fake_cifar_session, capsys):
+    """32 × 2, validating every 3 loader batches: the validation after batch 3 would be inside optimizer step 2, and
+    its last.ckpt would hold the weights before that step without the gradients of batch 3, which no split resumes
+    exactly. Refused before training, as a fraction of an epoch and a time are; every 2 or 4 batches is not."""
+    for every in ("3", "0.5", "00:00:00:30"):
+        assert train_here(tmp_path, fake_cifar_session, *TINY, *split(32, 2), "--trainer.val_check_interval",
+                          every) == 2
+        (error,) = errors_of(capsys)
+        assert error.startswith(f"error: --trainer.val_check_interval {every} validates inside an optimizer step of "
+                                f"--trainer.accumulate_grad_batches 2 batches"), error
+    assert not (tmp_path / "runs/smoke/version_0/checkpoints").exists()
+    assert train_here(tmp_path, fake_cifar_session, *TINY, *split(32, 2), "--trainer.val_check_interval", "4",
+                      "--trainer.max_steps", "2") == 0
+    assert load(tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt")["CIFAR10DataModule"]["images"] == 128
+
+
+def test_the_time_limit_looks_at_the_clock_where_optimizer_steps_end_only():
+    """A spent budget stops the run at the end of the accumulation window (batch 4 of 2 × 2), not inside it
+    (batch 3), where Lightning's own Timer stops; the state is kept under the Timer's key."""
+    from lightning.pytorch.callbacks import Timer
+
+    from vit.resume import StepEndTimer
+
+    progress = SimpleNamespace(current=SimpleNamespace(processed=0), is_last_batch=False)
+    trainer = SimpleNamespace(should_stop=False, accumulate_grad_batches=2, num_training_batches=8,
+                              strategy=SimpleNamespace(broadcast=lambda x: x),
+                              fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)))
+    timer = StepEndTimer("00:00:00:00")
+    timer.on_train_start(trainer, None)
+    stops = []
+    for processed in (1, 2, 3, 4):
+        progress.current.processed = processed
+        trainer.should_stop = False
+        timer.on_train_batch_end(trainer, None, None, None, processed - 1)
+        stops.append(trainer.should_stop)
+    assert stops == [False, True, False, True]
+    assert timer.state_key == Timer(duration="00:00:00:00").state_key == "Timer"
+
+
+@pytest.mark.long
+def test_a_time_limited_run_with_accumulation_resumes_in_another_split_with_its_elapsed_time(tmp_path,
+                                                                                          fake_cifar_session):
+    """--trainer.max_time with 32 × 2: last.ckpt is at an optimizer step's end and resumes as 64 × 1; the elapsed
+    time resumes with it (a budget it has spent already trains no step)."""
+    run = ["--trainer.max_epochs", "-1", "--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2",
+           "--trainer.logger", "false", "--test_after_fit", "false", *QUIET]
+    assert train_here(tmp_path, fake_cifar_session, *run, *split(32, 2), "--trainer.max_time", "00:00:00:02") == 0
+    last = tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt"
+    ckpt = load(last)
+    assert ckpt["CIFAR10DataModule"]["images"] % 64 == 0 and ckpt["global_step"] > 0
+    elapsed = ckpt["callbacks"]["Timer"]["time_elapsed"]["train"]
+    assert train_here(tmp_path, fake_cifar_session, *run, *split(64, 1), "--trainer.max_time", "00:00:00:02",
+                      "--ckpt_path", "last") == 0
+    assert elapsed >= 2 and load(last)["global_step"] == ckpt["global_step"]  # spent: not a step more
+    budget = f"00:00:00:{int(elapsed) + 3:02d}"
+    assert train_here(tmp_path, fake_cifar_session, *run, *split(64, 1), "--trainer.max_time", budget,
+                      "--ckpt_path", "last") == 0
+    assert load(last)["global_step"] > ckpt["global_step"]
+
+
+def test_a_limited_epoch_ends_where_the_limit_ends_it(tmp_path, fake_cifar_session):
+    """--trainer.limit_train_batches 3 with 32 × 2: the epoch ends after batch 3 (a step of 1 batch), recorded as its
+    end, and the run resumes as written, starting epoch 1."""
+    run = [*TINY, *split(32, 2), "--trainer.limit_train_batches", "3"]
+    assert train_here(tmp_path, fake_cifar_session, *run, "--trainer.max_epochs", "1") == 0
+    last = tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt"
+    assert load(last)["CIFAR10DataModule"]["epoch_end"] is True
+    assert train_here(tmp_path, fake_cifar_session, *run, "--ckpt_path", "last") == 0
+    state = load(last)["CIFAR10DataModule"]
+    assert (state["epoch"], state["epoch_end"]) == (1, True)
+
+
+def test_a_place_after_a_skipped_batch_is_refused_where_the_new_loader_batches_cannot_reach_it(tmp_path, capsys):
+    """Image folders, 2 × 2: loader batch 1 of epoch 0 is unreadable and skipped, so step 2, where
+    --trainer.max_steps stops the run and its last.ckpt is written, ends at image 10 (4 batches trained, 1 skipped). Resumed as 4 × 1 (the same global batch) it would start at image 8 and train
+    images 8 and 9 twice: refused before training, naming the splits that reach it."""
+    from helpers import write_images
+
+    root = tmp_path / "photos"
+    for i, colour in enumerate([(200, 20, 20), (20, 200, 20), (20, 20, 200), (200, 200, 20)]):
+        write_images(root / "train" / f"c{i}", 10, colour, size=24, seed=i)
+    data = ["--data", "vit.data.ImageFolderDataModule", "--data.root", str(root), "--data.val_size", "4",
+            "--data.num_workers", "0"]
+    assert train_here(tmp_path, None, *TINY, *data, *split(2, 2), "--trainer.max_steps", "2",
+                      "--trainer.callbacks+=callbacks.BreakBatch", "--trainer.callbacks.batch", "1") == 0
+    step = tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt"  # (Lightning's, where max_steps stopped it)
+    assert load(step)["global_step"] == 2
+    assert load(step)["ImageFolderDataModule"] == {
+        "train_epochs": 1, "epoch": 0, "images": 10, "skipped_images": 2, "batch_images": 2, "step_images": 4,
+        "epoch_end": False}
+    capsys.readouterr()
+    assert train_here(tmp_path, None, *TINY, *data, *split(4, 1), "--ckpt_path", "last") == 2
+    assert errors_of(capsys) == [
+        f"error: {step.relative_to(tmp_path)}: its place in the data is image 10 of epoch 0, after 1 unreadable loader "
+        "batch(es) of 2 images it skipped, which this run's loader batches of 4 images (--data.batch_size 4) do not "
+        "reach: resume it with a --data.batch_size that divides 2 and --data.batch_size × "
+        "--trainer.accumulate_grad_batches = 4, e.g. as it was written: --data.batch_size 2 "
+        "--trainer.accumulate_grad_batches 2"]
+
+
+def test_an_epochs_end_after_skipped_last_batches_resumes_in_another_split(tmp_path, capsys):
+    """Image folders, 2 × 2, 18 loader batches an epoch: the last one, unreadable, is skipped, so Lightning's loop
+    never takes the epoch's last batch. The epoch's end is the data position's own record: resumed as 4 × 1, the run
+    starts epoch 1."""
+    from helpers import write_images
+
+    root = tmp_path / "photos"
+    for i, colour in enumerate([(200, 20, 20), (20, 200, 20), (20, 20, 200), (200, 200, 20)]):
+        write_images(root / "train" / f"c{i}", 10, colour, size=24, seed=i)
+    data = ["--data", "vit.data.ImageFolderDataModule", "--data.root", str(root), "--data.val_size", "4",
+            "--data.num_workers", "0"]
+    one = [*TINY, "--trainer.max_epochs", "1"]
+    assert train_here(tmp_path, None, *one, *data, *split(2, 2), "--trainer.callbacks+=callbacks.BreakBatch",
+                      "--trainer.callbacks.batch", "17") == 0
+    ckpt = load(tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt")
+    assert ckpt["ImageFolderDataModule"] == {"train_epochs": 1, "epoch": 0, "images": 36, "skipped_images": 2,
+                                             "batch_images": 2, "step_images": 4, "epoch_end": True}
+    capsys.readouterr()
+    assert train_here(tmp_path, None, *TINY, *data, *split(4, 1), "--ckpt_path", "last") == 0, capsys.readouterr().err
+    assert load(tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt")["ImageFolderDataModule"]["epoch"] == 1
+
+
+SKIPPED = {"epoch": 1, "images": 96, "skipped_images": 32, "batch_images": 32, "step_images": 64}  # 1 step, 1 skip
+
+
+@pytest.mark.parametrize("batch,accumulate,ok", [(32, 2, True), (16, 4, True), (8, 8, True), (64, 1, False)])
+def test_the_splits_that_reach_a_place_after_a_skipped_batch(batch, accumulate, ok):
+    error = refused(checkpoint(SKIPPED), batch, accumulate)
+    assert (error is None) == ok, error
+    assert ok or error.startswith("c.ckpt: its place in the data is image 96 of epoch 1, after 1 unreadable")
+
+
+def test_an_epochs_end_fits_every_split_and_the_start_of_an_epoch_too():
+    """At an epoch's end the resumed run starts the next epoch: the place (here the epoch's 384 images, 1 batch
+    of 32 skipped) is not used."""
+    end = {"epoch": 0, "images": 384, "skipped_images": 32, "batch_images": 32, "step_images": 64}
+    assert refused(checkpoint(end, last_batch=True), 64, 1) is None
+    assert refused(checkpoint(SKIPPED | {"images": 0, "skipped_images": 0}), 64, 1) is None
+    inside = {"epoch": 0, "images": 96, "skipped_images": 0, "batch_images": 32, "step_images": 64}
+    assert refused(checkpoint(inside, last_batch=True), 64, 1) is None
+    assert "written inside an optimizer step, after 1 of its 2" in refused(checkpoint(inside), 64, 1)
+
+
+def test_the_data_position_refuses_a_place_between_two_batches_instead_of_rounding_it_down():
+    """The last guard, where the loader starts: 10 images into an epoch of 9 batches of 4 (the check before
+    training refuses it first)."""
+    position = DataPosition()
+    position.load_state_dict({"train_epochs": 1, "epoch": 0, "images": 10, "skipped_images": 2})
+    with pytest.raises(ConfigError, match=r"^the checkpoint's place in the data, image 10 of epoch 0 \(2 of them in "
+                                          r"skipped batches\), is not a whole number of this run's loader batches "
+                                          r"of 4 images"):
+        position.begin(9, 4)
+    position.load_state_dict({"train_epochs": 1, "epoch": 0, "images": 10, "skipped_images": 2})
+    assert position.begin(18, 2) == (0, 5) and position.yielded == 4 and position.skipped == [-1]
+
+
+# --- checkpoints of an earlier version (the position in its own loader batches, no global batch) ---------------
+
+OLD = TESTS / "data" / "flat-options.ckpt"
+
+
+def test_an_earlier_versions_global_batch_and_accumulation_are_read_back():
+    """tests/data/flat-options.ckpt: 80 images in 4 steps of 20 (its TrainingClock), and lr 0.01 stated for 128
+    scaled to 0.0015625 (its scheduler): 20, with the options flat as it wrote them and grouped as they are read."""
+    from vit.checkpoints import read_checkpoint
+
+    raw = torch.load(OLD, map_location="cpu", weights_only=False)
+    assert "batches" in raw["CIFAR10DataModule"] and "step_images" not in raw["CIFAR10DataModule"]
+    for ckpt in (raw, read_checkpoint(OLD)):
+        assert earlier_global_batch(ckpt) == 20 and earlier_accumulation(ckpt, 20) == 1
+        del ckpt["callbacks"]["TrainingClock"]
+        assert earlier_global_batch(ckpt) == 20  # the learning rate's scaling alone
+        ckpt["lr_schedulers"] = []
+        assert earlier_global_batch(ckpt) is None
+    loops = {"fit_loop": {"epoch_loop.batch_progress": {"total": {"processed": 7}}}}
+    assert earlier_accumulation({"global_step": 1, "loops": loops}, 128) == 4  # (3 batches into step 2)
+    assert earlier_accumulation({"global_step": 1, "loops": loops}, None) is None  # 4, 5, 6 or 7
+
+
+def test_the_earlier_versions_checkpoint_resumes_at_its_global_batch_only(tmp_path, capsys):
+    """The real old-format checkpoint (an epoch's end) at --data.batch_size 40: refused before training."""
+    from helpers import make_fake_cifar
+
+    data = ["--data.root", str(make_fake_cifar(tmp_path, 20, 40, 0)), "--data.val_size", "20", "--data.num_workers",
+            "0", "--trainer.logger", "false", *QUIET]
+    arch = ["--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2", "--model.arch.patch_size",
+            "8", "--model.arch.mlp_ratio", "2"]
+    assert train_here(tmp_path, None, "--ckpt_path", str(OLD), *data, *arch, "--data.batch_size", "40",
+                      "--trainer.max_epochs", "2") == 2
+    assert errors_of(capsys) == [
+        f"error: {OLD}: written with a global batch of 20 images per optimizer step, and this "
+        "run's is 40 (--data.batch_size 40 × --trainer.accumulate_grad_batches 1): resume it with --data.batch_size × "
+        "--trainer.accumulate_grad_batches = 20, or start a new run"]
+
+
+def test_an_earlier_versions_mid_epoch_checkpoint_is_refused_at_another_global_batch(tmp_path, fake_cifar_session,
+                                                                                     capsys):
+    """The checkpoint of step 3 at 64 × 1 (mid-epoch), its position written as the earlier version did (3 loader batches):
+    resumed at 128 × 1 it would start at image 384 instead of 192. Refused, naming the split it was written in;
+    without a record of its global batch, refused in every split."""
+    assert train_here(tmp_path, fake_cifar_session, *TINY, *split(64, 1), "--trainer.max_steps", "3") == 0
+    path = tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt"  # (Lightning's, where max_steps stopped it)
+    ckpt = load(path)
+    state = ckpt["CIFAR10DataModule"]
+    assert ckpt["global_step"] == 3 and state["images"] == 3 * 64
+    ckpt["CIFAR10DataModule"] = {"train_epochs": state["train_epochs"], "epoch": state["epoch"], "batches": 3,
+                                 "skipped": 0}  # as the earlier version wrote it
+    torch.save(ckpt, path)
+    capsys.readouterr()
+    name = path.relative_to(tmp_path)
+    assert train_here(tmp_path, fake_cifar_session, *TINY, *split(128, 1), "--ckpt_path", "last") == 2
+    assert errors_of(capsys) == [
+        f"error: {name}: written with a global batch of 64 images per optimizer step, and this "
+        "run's is 128 (--data.batch_size 128 × --trainer.accumulate_grad_batches 1): resume it with --data.batch_size "
+        "64 --trainer.accumulate_grad_batches 1, or start a new run"]
+
+    unknown = "c.ckpt: written mid-epoch, its place in the data counted in its own loader batches (batch 3 of epoch 0)"
+    assert refused(ckpt, 64, 1) is None  # as written
+    del ckpt["callbacks"]["TrainingClock"]
+    ckpt["lr_schedulers"] = []
+    for batch, accumulate in ((64, 1), (128, 1), (32, 2)):
+        assert refused(ckpt, batch, accumulate).startswith(unknown)
+    ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]["is_last_batch"] = True
+    assert refused(ckpt, 64, 1) is None  # (an epoch's end: nothing to place)
+
+
+def test_an_earlier_versions_checkpoint_inside_an_accumulation_window_is_refused():
+    """9 steps of 2 batches of 64 and 1 batch more: a validation inside step 10 wrote it."""
+    ckpt = checkpoint({"train_epochs": 2, "epoch": 1, "batches": 7, "skipped": 0}, global_step=9,
+                      callbacks={"TrainingClock": {"train_images": 9 * 128, "steps": 9}})
+    ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"] = {"processed": 19}
+    assert refused(ckpt, 64, 2).startswith("c.ckpt: written inside an optimizer step, after 1 of its 2 loader "
+                                           "batches of 64 images (loader batch 7 of epoch 1: a validation or a stop there")
