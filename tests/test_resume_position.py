@@ -125,9 +125,9 @@ def test_a_place_after_a_skipped_batch_is_refused_where_the_new_loader_batches_c
                       "--trainer.callbacks+=callbacks.BreakBatch", "--trainer.callbacks.batch", "1") == 0
     step = tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt"  # (Lightning's, where max_steps stopped it)
     assert load(step)["global_step"] == 2
-    assert load(step)["ImageFolderDataModule"] == {
+    assert load(step)["ImageFolderDataModule"].items() >= {
         "train_epochs": 1, "epoch": 0, "images": 10, "skipped_images": 2, "batch_images": 2, "step_images": 4,
-        "epoch_end": False}
+        "epoch_end": False}.items()
     capsys.readouterr()
     assert train_here(tmp_path, None, *TINY, *data, *split(4, 1), "--ckpt_path", "last") == 2
     assert errors_of(capsys) == [
@@ -153,8 +153,8 @@ def test_an_epochs_end_after_skipped_last_batches_resumes_in_another_split(tmp_p
     assert train_here(tmp_path, None, *one, *data, *split(2, 2), "--trainer.callbacks+=callbacks.BreakBatch",
                       "--trainer.callbacks.batch", "17") == 0
     ckpt = load(tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt")
-    assert ckpt["ImageFolderDataModule"] == {"train_epochs": 1, "epoch": 0, "images": 36, "skipped_images": 2,
-                                             "batch_images": 2, "step_images": 4, "epoch_end": True}
+    assert ckpt["ImageFolderDataModule"].items() >= {"train_epochs": 1, "epoch": 0, "images": 36, "skipped_images": 2,
+                                                     "batch_images": 2, "step_images": 4, "epoch_end": True}.items()
     capsys.readouterr()
     assert train_here(tmp_path, None, *TINY, *data, *split(4, 1), "--ckpt_path", "last") == 0, capsys.readouterr().err
     assert load(tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt")["ImageFolderDataModule"]["epoch"] == 1
