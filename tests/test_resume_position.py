@@ -271,3 +271,22 @@ def test_an_earlier_versions_checkpoint_inside_an_accumulation_window_is_refused
     ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"] = {"processed": 19}
     assert refused(ckpt, 64, 2).startswith("c.ckpt: written inside an optimizer step, after 1 of its 2 loader "
                                            "batches of 64 images (loader batch 7 of epoch 1: a validation or a stop there")
+
+
+def test_a_resume_that_would_split_cifar_otherwise_is_refused(tmp_path, fake_cifar_session, capsys):
+    """Another --data.val_size or --data.seed would draw other validation images off the training images, some
+    of which the run trained on: refused before training; the same ones resume."""
+    assert train_here(tmp_path, fake_cifar_session, *TINY, "--trainer.max_epochs", "1") == 0
+    last = tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt"
+    split_off = load(last)["CIFAR10DataModule"]["split"]
+    capsys.readouterr()
+    other = split_off["val_size"] + 10
+    assert train_here(tmp_path, fake_cifar_session, *TINY, "--data.val_size", str(other), "--ckpt_path", "last") == 2
+    given = f"--data.val_size {split_off['val_size']} --data.seed {split_off['seed']}"
+    assert errors_of(capsys) == [
+        f"error: {last.relative_to(tmp_path)}: the run split its validation images off the training images with "
+        f"{given}, and this command has --data.val_size {other} --data.seed {split_off['seed']}, which would validate "
+        f"on images it trained on: resume with {given}, or start a new run"]
+    assert load(last)["epoch"] == 0
+    assert train_here(tmp_path, fake_cifar_session, *TINY, "--ckpt_path", "last") == 0
+    assert load(last)["epoch"] == 1

@@ -329,6 +329,24 @@ class CIFAR10DataModule(ImageDataModule):
             self.test_set = TensorImageDataset(*cifar.read_split(self.folder, [cifar.TEST_FILE], self.num_classes),
                                                self.eval_transform())
 
+    def state_dict(self) -> dict:
+        """The data's position, and how the validation images were split off (``split``), which a resume keeps."""
+        return {**super().state_dict(), "split": {"val_size": self.val_size, "seed": self.seed}}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """A resume that would split the validation images otherwise (and so validate on images the run trained
+        on) is refused in one line; testing, which reads the test files alone, is not."""
+        super().load_state_dict(state_dict)
+        theirs = state_dict.get("split")
+        testing = self.trainer is not None and self.trainer.state.fn == "test"
+        if not isinstance(theirs, dict) or testing or theirs == {"val_size": self.val_size, "seed": self.seed}:
+            return
+        name = (self.trainer.ckpt_path if self.trainer is not None else None) or "the checkpoint"
+        given = f"--data.val_size {theirs.get('val_size')} --data.seed {theirs.get('seed')}"
+        raise ConfigError(f"{name}: the run split its validation images off the training images with {given}, and "
+                          f"this command has --data.val_size {self.val_size} --data.seed {self.seed}, which would "
+                          f"validate on images it trained on: resume with {given}, or start a new run")
+
     @property
     def num_classes(self) -> int:
         """From batches.meta when the data is here; CIFAR-10's 10 before it is downloaded."""
