@@ -139,8 +139,13 @@ def assert_same_training_state(a: dict, b: dict) -> None:
 
 
 class FakeWandb(http.server.BaseHTTPRequestHandler):
-    """Answers wandb-core's sync: UpsertBucket (the run), CreateRunFiles (where to PUT its files), the file
-    stream (history rows, kept per run); with ``server.refuse`` set, every GraphQL call gets a permission error."""
+    """Answers wandb-core's sync as W&B's server does: UpsertBucket (the run, with the history lines it holds),
+    RunResumeStatus (a run that exists: its line counts, last history row and summary, so that a resumed run goes
+    on after them), CreateRunFiles (where to PUT its files), the file stream. The file stream writes each file's
+    lines where the request's ``offset`` puts them: lines already there are replaced (as a run logged twice from
+    offset 0 replaces its history), lines past the end are appended; an offset past the end leaves a gap, which
+    the server refuses (``server.faults``). ``server.runs`` maps each W&B run id to its history rows; with
+    ``server.refuse`` set, every GraphQL call gets a permission error."""
 
     def log_message(self, *args):
         pass
@@ -153,6 +158,34 @@ class FakeWandb(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def bucket(self, name: str) -> dict:
+        """The run as the server's GraphQL API shows it."""
+        server, rows = self.server, self.server.runs.get(name, [])
+        lines = server.lines.get(name, {})
+        config = server.configs.get(name) or "{}"
+        wandb_config = {"t": json.loads(config).get("_wandb", {}).get("value", {}).get("t", {})}
+        return {"id": name, "name": name, "displayName": name, "description": None, "config": config,
+                "sweepName": None, "historyLineCount": len(rows), "eventsLineCount": len(lines.get("wandb-events.jsonl", [])),
+                "logLineCount": len(lines.get("output.log", [])), "summaryMetrics": json.dumps(server.summaries.get(name, {})),
+                "historyTail": json.dumps([json.dumps(row) for row in rows[-10:]]),
+                "eventsTail": json.dumps(lines.get("wandb-events.jsonl", [])[-10:]), "tags": [], "notes": None,
+                "wandbConfig": json.dumps(wandb_config),
+                "project": {"id": "p", "name": "vit", "entity": {"id": "e", "name": "team"}}}
+
+    def write(self, name: str, file: str, offset: int, content: list[str]) -> None:
+        """Lines ``content`` of ``file`` from line ``offset`` on."""
+        server = self.server
+        if file == "wandb-summary.json":  # the whole summary, each time
+            server.summaries[name] = json.loads(content[-1]) if content else {}
+            return
+        lines = server.runs.setdefault(name, []) if file == "wandb-history.jsonl" else \
+            server.lines.setdefault(name, {}).setdefault(file, [])
+        if offset > len(lines):
+            server.faults.append(f"{name}/{file}: lines {offset}.. posted where it holds {len(lines)}")
+            return
+        parse = json.loads if file == "wandb-history.jsonl" else str
+        lines[offset:offset + len(content)] = [parse(line) for line in content]
+
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if self.path.startswith("/graphql"):
@@ -161,15 +194,19 @@ class FakeWandb(http.server.BaseHTTPRequestHandler):
             variables = request.get("variables") or {}
             if self.server.refuse:
                 return self.reply({"errors": [{"message": "permission denied"}]}, 403)
-            if operation and operation.group(1) == "UpsertBucket":
-                self.server.runs.setdefault(variables["name"], [])
-                return self.reply({"data": {"upsertBucket": {"inserted": True, "bucket": {
-                    "id": variables["name"], "name": variables["name"], "displayName": variables["name"],
-                    "description": None, "config": "{}", "sweepName": None, "historyLineCount": 0,
-                    "eventsLineCount": 0, "summaryMetrics": "{}", "project": {
-                        "id": "p", "name": variables.get("project") or "vit", "entity": {"id": "e", "name": "team"}}}}}})
-            url = f"http://127.0.0.1:{self.server.server_port}/upload/"
             name = operation.group(1) if operation else None
+            if name == "UpsertBucket":
+                run = variables["name"]
+                inserted = run not in self.server.configs
+                if variables.get("config") or inserted:
+                    self.server.configs[run] = variables.get("config") or "{}"
+                self.server.runs.setdefault(run, [])
+                return self.reply({"data": {"upsertBucket": {"inserted": inserted, "bucket": self.bucket(run)}}})
+            if name == "RunResumeStatus":
+                run = variables["name"]
+                return self.reply({"data": {"model": {"id": "p", "name": "vit", "entity": {"id": "e", "name": "team"},
+                                                      "bucket": self.bucket(run) if run in self.server.configs else None}}})
+            url = f"http://127.0.0.1:{self.server.server_port}/upload/"
             if name == "CreateRunFiles":
                 return self.reply({"data": {"createRunFiles": {"runID": variables["run"], "uploadHeaders": [], "files": [
                     {"name": f, "uploadUrl": url + f} for f in variables["files"]]}}})
@@ -191,8 +228,9 @@ class FakeWandb(http.server.BaseHTTPRequestHandler):
             return self.reply({"data": answers.get(name, {})})
         stream = re.fullmatch(r"/files/[^/]+/[^/]+/([^/]+)/file_stream", self.path)
         if stream:
-            rows = json.loads(body).get("files", {}).get("wandb-history.jsonl", {}).get("content", [])
-            self.server.runs.setdefault(stream.group(1), []).extend(json.loads(row) for row in rows)
+            with self.server.lock:
+                for file, part in json.loads(body).get("files", {}).items():
+                    self.write(stream.group(1), file, part.get("offset", 0), part.get("content", []))
         return self.reply({})
 
     def do_PUT(self):
@@ -208,6 +246,8 @@ def fake_wandb():
     was sent to its history rows; point WANDB_BASE_URL at ``http://127.0.0.1:{server.server_port}``."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeWandb)
     server.runs, server.refuse = {}, False
+    server.lines, server.summaries, server.configs, server.faults = {}, {}, {}, []
+    server.lock = threading.Lock()
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield server

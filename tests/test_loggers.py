@@ -222,3 +222,19 @@ def test_a_run_behind_a_proxy_that_asks_for_credentials_trains_offline_at_once(t
     assert [r.getMessage() for r in caplog.records].count(line) == 1, caplog.text[-3000:]
     assert len(list((tmp_path / run / "wandb").glob("offline-run-*"))) == 1
     print(f"a run behind a 407 proxy: {time.monotonic() - start:.1f} s")
+
+
+def test_each_start_of_a_run_resumes_its_w_and_b_run(tmp_path, monkeypatch):
+    """vit-train's config passes every argument of wandb.init, ``resume: null`` among them, under which a later
+    start of the run (a resume, a requeued job) would replace the W&B run's history: the logger resumes it."""
+    import wandb
+
+    from vit.loggers import WandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    logger = WandbLogger(save_dir=str(tmp_path), id="abcd1234", resume=None)
+    try:
+        assert logger.experiment.id == "abcd1234" and logger.experiment.settings.resume == "allow"
+    finally:
+        wandb.finish()

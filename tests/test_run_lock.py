@@ -2,13 +2,16 @@
 touching nothing (no draft removed); a lock left by a process that died is taken over; the other processes of a
 multi-process launch wait for their rank 0, or end with its line."""
 
+import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -138,5 +141,50 @@ def test_vit_sync_leaves_a_run_that_still_trains_for_later(tmp_path, capsys):
     finally:
         holder.kill()
         holder.wait()
+    assert sync([str(tmp_path / "runs"), "--dry-run"]) == 0
+    assert "would upload 1 offline W&B run of 1 under" in capsys.readouterr().out
+
+
+def test_the_holder_beats_while_it_holds_the_lock_and_another_node_reads_the_heartbeat(tmp_path, monkeypatch, capsys):
+    """The holder rewrites its heartbeat (here every 0.2 s) until it releases the lock. On a file system whose locks
+    another node does not see (Lustre's localflock, NFS's nolock: here, a holder that died on another host, whose
+    lock is gone), vit-sync there leaves a run with a fresh heartbeat for later, naming the host and the
+    heartbeat's age; a heartbeat older than the stale limit is a run that ended."""
+    from vit.commands.sync import main as sync
+
+    run = tmp_path / "runs" / "smoke" / "slurm-7"
+    offline = run / "wandb" / "offline-run-20260101_000000-abcd1234"
+    offline.mkdir(parents=True)
+    (offline / "run-abcd1234.wandb").write_bytes(b"")
+    beating = ("import sys, time; from pathlib import Path; from vit import run_lock; "
+               "run_lock.take(Path(sys.argv[1]), heartbeat=0.2); print('held', flush=True); time.sleep(2.5); "
+               "run_lock.release(); print('released', flush=True); time.sleep(300)")
+    proc = subprocess.Popen([sys.executable, "-c", beating, str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        first = json.loads((run / run_lock.LOCK).read_text())["heartbeat"]
+        time.sleep(1.5)  # (the heartbeat is written to the second)
+        assert json.loads((run / run_lock.LOCK).read_text())["heartbeat"] > first
+        assert proc.stdout.readline().strip() == "released"
+        assert (run / run_lock.LOCK).read_text() == ""  # released: no heartbeat, nobody trains
+    finally:
+        proc.kill()
+        proc.wait()
+    holder = hold(run)
+    holder.kill()  # dies holding it: the lock is gone, its heartbeat is fresh
+    holder.wait()
+    assert run_lock.holder(run) is None  # on its own host the lock alone tells
+    host = socket.gethostname()
+    monkeypatch.setattr(socket, "gethostname", lambda: "login1")  # another node, which sees no lock
+    assert run_lock.holder(run)["pid"] == holder.pid
+    assert sync([str(tmp_path / "runs"), "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "left for later: 1 offline W&B run still training", out
+    assert re.fullmatch(rf"  {re.escape(str(offline))}: trains as pid {holder.pid} on {re.escape(host)}, since \S+, "
+                        r"heartbeat \d+ s ago; run vit-sync again once it has ended", out[1]), out
+    assert run_lock.holder(run, stale=0.0) is None  # older than the limit: it ended without releasing the lock
+    named = json.loads((run / run_lock.LOCK).read_text())
+    old = datetime.now(timezone.utc) - timedelta(seconds=run_lock.STALE_SECONDS + 1)
+    (run / run_lock.LOCK).write_text(json.dumps({**named, "heartbeat": old.isoformat(timespec="seconds")}))
     assert sync([str(tmp_path / "runs"), "--dry-run"]) == 0
     assert "would upload 1 offline W&B run of 1 under" in capsys.readouterr().out

@@ -2,6 +2,7 @@
 stand-in W&B server on 127.0.0.1 that answers what `wandb sync` asks (GraphQL, file uploads, the file stream)
 and keeps what it was sent."""
 
+import csv
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import fake_wandb, sync_here
+from helpers import SLURM_TASK, fake_wandb, sync_here, train
 
 KEY = "0123456789abcdef0123456789abcdef01234567"  # (a stand-in's key: wandb checks its form, the server nothing)
 
@@ -130,3 +131,74 @@ def test_no_credentials_or_no_folder_is_one_line_before_any_upload(tmp_path, mon
     assert (missing.returncode, missing.stderr) == (
         2, "error: scratch/runs: no such folder (give the folder that holds the runs, e.g. runs)\n")
     assert wandb_server.runs == {} and not list(run.glob("*.synced"))
+
+
+
+def test_the_starts_of_one_run_are_one_w_and_b_run_with_each_step_once(tmp_path, monkeypatch, wandb_server):
+    """A training started three times (resumed twice) logs three offline W&B runs with one id, each from W&B step
+    0, and not asking wandb to resume (wandb.init's default): vit-sync uploads them as one W&B run that goes on
+    after each start's last step, none replacing what an earlier one uploaded."""
+    env = environment(monkeypatch, wandb_server, tmp_path)
+    run = tmp_path / "runs/smoke/slurm-7"
+    run.mkdir(parents=True)
+    code = textwrap.dedent(f"""
+        import time, wandb
+        for start in range(3):
+            time.sleep(1.1 if start else 0)  # (a folder's name holds the second of its start)
+            run = wandb.init(project="vit", dir={str(run)!r}, mode="offline", id="abcd1234")
+            for step in range(4 * start, 4 * start + 4):
+                run.log({{"train/loss": 10.0 - step, "trainer/global_step": step}})
+            run.finish()
+        """)
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+    synced = sync_here("runs")
+    assert synced.returncode == 0, synced.stdout + synced.stderr
+    assert synced.stdout.startswith("uploading 3 offline W&B runs of 3 under runs:")
+    assert wandb_server.faults == []
+    (rows,) = wandb_server.runs.values()
+    assert [row["trainer/global_step"] for row in rows] == list(range(12))
+    assert [row["_step"] for row in rows] == list(range(12))  # W&B's steps go on too
+    assert [row["train/loss"] for row in rows] == [10.0 - step for step in range(12)]
+
+
+@pytest.mark.long
+@pytest.mark.lowest  # (wandb's lower bound: pyproject.toml)
+def test_a_run_preempted_twice_offline_is_one_w_and_b_run_with_each_step_once(tmp_path, monkeypatch, wandb_server,
+                                                                            fake_cifar_session):
+    """A SLURM job logging offline (no credentials on its node) gets SIGUSR1 at step 2 and, requeued, at step 4
+    (exit 4 each time), and ends at step 6: three offline W&B runs with one id, the first uploaded by vit-sync
+    while the job waited in the queue, the others by a later one. The W&B run has each step's metrics once, in
+    order, none replaced by a later start's; its console goes on too."""
+    environment(monkeypatch, wandb_server, tmp_path)
+    for key, value in SLURM_TASK.items():
+        monkeypatch.setenv(key, value)
+    tiny = ["--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2", "--data.batch_size", "64",
+            "--trainer.log_every_n_steps", "1", "--trainer.max_epochs", "1", "--test_after_fit", "false"]
+    stop = ["--trainer.callbacks+=callbacks.SignalAtBatch", "--trainer.callbacks.signal", "SIGUSR1",
+            "--trainer.callbacks.batch"]
+    for extra, code in (([*stop, "2"], 4), ([*stop, "4", "--ckpt_path", "last"], 4), (["--ckpt_path", "last"], 0)):
+        proc = train(tmp_path, fake_cifar_session, *tiny, *extra)
+        assert proc.returncode == code, proc.stderr[-3000:]
+        if code == 4 and not wandb_server.runs:
+            first = sync_here("runs")
+            assert first.returncode == 0 and "uploading 1 offline W&B run of 1" in first.stdout, first.stderr
+    run = tmp_path / "runs/smoke/slurm-77"
+    assert len(list((run / "wandb").glob("offline-run-*"))) == 3
+    synced = sync_here("runs")
+    assert synced.returncode == 0, synced.stdout + synced.stderr
+    assert "uploading 2 offline W&B runs of 3 under runs (1 uploaded before):" in synced.stdout
+    assert wandb_server.faults == []
+    (rows,) = wandb_server.runs.values()
+    steps = [row["_step"] for row in rows]
+    assert steps == list(range(len(rows))), steps  # W&B's steps go on from each start's last
+    with open(run / "metrics.csv", newline="") as f:  # what the three starts logged, each step once (CSVLogger)
+        logged = [(int(row["step"]), float(row["train/loss_step"])) for row in csv.DictReader(f) if row["train/loss_step"]]
+    uploaded = [(row["trainer/global_step"], row["train/loss_step"]) for row in rows if "train/loss_step" in row]
+    assert [step for step, _ in uploaded] == [step for step, _ in logged] == sorted({step for step, _ in logged})
+    assert [loss for _, loss in uploaded] == pytest.approx([loss for _, loss in logged], rel=1e-6)
+    assert len(logged) >= 3 and logged[-1][0] == 5
+    assert [row["trainer/global_step"] for row in rows if "val/acc" in row] == [5]
+    (console,) = [files["output.log"] for files in wandb_server.lines.values()]
+    printed = [line for folder in sorted((run / "wandb").glob("offline-run-*"))
+               for line in (folder / "files" / "output.log").read_text().splitlines()]
+    assert len(console) == len(printed) and all(line.endswith(mine) for line, mine in zip(console, printed)), console

@@ -112,6 +112,8 @@ class WandbLogger(_LightningWandbLogger):
             reach_timeout: seconds to wait for the W&B server's answer before logging offline.
         """
         kwargs["project"] = project or os.environ.get("WANDB_PROJECT") or "vit"
+        if kwargs.get("resume") is None:  # the CLI passes wandb.init's default, None, under which a later start of
+            kwargs.pop("resume", None)  # the run replaces its history: Lightning's "allow" goes on after it instead
         self.reach_timeout = reach_timeout
         mode = os.environ.get("WANDB_MODE")
         if not kwargs.get("offline") and mode is None and not wandb_credentials_present():

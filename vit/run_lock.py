@@ -10,6 +10,13 @@ Lustre mounted with ``flock``; on a file system that refuses locks, the run trai
 line; one mounted with ``localflock`` locks for the processes of one node only. Not inherited by the processes a
 run forks (data loader workers), it never outlives the run's own process.
 
+While it holds the lock, the holder rewrites a heartbeat in the file (its time, with the host) every
+``HEARTBEAT_SECONDS`` from a thread of its own. A file system whose locks are local to a node (Lustre mounted
+with ``localflock``, NFS with ``nolock``) shows another node no lock: there a fresh heartbeat (younger than
+``STALE_SECONDS``) written on another host says that the run still trains (``holder``), and a stale one that it
+ended without releasing the lock. Taking the lock reads no heartbeat: a requeued job whose last attempt died with
+its node takes the folder over at once.
+
 The other processes of a multi-process launch do not take it: Lightning's own launcher starts them after rank 0
 holds it (``vit.runs.ENV``); the processes that SLURM or torchrun started wait until the lock names their own
 launch, or end with the holder's line when another launch holds it (``wait_for_rank_zero``), so that no process
@@ -28,6 +35,7 @@ import os
 import socket
 import struct
 import sys
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -37,7 +45,10 @@ from vit.exits import RunError
 
 LOCK = ".lock"
 UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)  # a file system that does not lock
+HEARTBEAT_SECONDS = 60.0  # how often the holder rewrites its heartbeat
+STALE_SECONDS = 300.0  # a heartbeat older than this (five missed beats) is a holder's that ended
 _held: dict[Path, int] = {}  # run folder → the descriptor holding its lock in this process
+_beating: dict[Path, tuple[threading.Event, threading.Thread]] = {}  # run folder → its heartbeat's thread
 
 
 def identity() -> str:
@@ -50,6 +61,19 @@ def describe(holder: dict) -> str:
     """A holder as one phrase: pid 123 on node1 (SLURM job 45_0), since 2026-01-01T00:00:00+00:00."""
     job = f" (SLURM job {holder['slurm_job']})" if holder.get("slurm_job") else ""
     return f"pid {holder.get('pid')} on {holder.get('host')}{job}, since {holder.get('since')}"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def heartbeat_age(holder: dict) -> float | None:
+    """Seconds since ``holder`` last wrote its heartbeat, by this machine's clock; None when it names none."""
+    try:
+        beat = datetime.fromisoformat(holder["heartbeat"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return max(0.0, (datetime.now(timezone.utc) - beat).total_seconds())
 
 
 def _read(fd: int) -> dict:
@@ -66,10 +90,10 @@ def _refused(run: Path, holder: dict) -> RunError:
                     f"folder. Wait for it to end, or train in another folder (--run NAME)")
 
 
-def take(run: Path) -> str | None:
-    """Hold ``run``'s lock until ``release`` or this process ends; RunError naming the holder when another process
-    holds it. Returns a line to print, or None: whose lock this took over (a process that ended without releasing
-    it), or that the file system cannot lock."""
+def take(run: Path, heartbeat: float = HEARTBEAT_SECONDS) -> str | None:
+    """Hold ``run``'s lock until ``release`` or this process ends, rewriting the heartbeat every ``heartbeat``
+    seconds; RunError naming the holder when another process holds it. Returns a line to print, or None: whose lock
+    this took over (a process that ended without releasing it), or that the file system cannot lock."""
     run = Path(run)
     if run in _held:
         return None
@@ -87,14 +111,36 @@ def take(run: Path) -> str | None:
         raise
     previous = _read(fd)
     mine = {"launch": identity(), "pid": os.getpid(), "host": socket.gethostname(), "slurm_job": launch.slurm_job(),
-            "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(mine) + "\n").encode(), 0)
+            "since": _now()}
+    _write(fd, mine)
     _held[run] = fd
+    stop = threading.Event()
+    beat = threading.Thread(target=_beat, args=(fd, mine, heartbeat, stop), name=f"heartbeat {run}", daemon=True)
+    beat.start()
+    _beating[run] = (stop, beat)
     if previous:  # released whole, the file is empty: this one's holder ended without releasing it
         return (f"took over {run}: its lock file names {describe(previous)}, which holds it no longer (it ended "
                 f"without releasing it, or the folder was copied)")
     return None
+
+
+def _write(fd: int, holder: dict) -> None:
+    """``holder`` with a heartbeat of now as the file's whole content, on disk (fsync: a reader on another node of
+    a network file system sees it), through the descriptor that holds the lock (closing another would drop it)."""
+    data = (json.dumps({**holder, "heartbeat": _now()}) + "\n").encode()
+    os.pwrite(fd, data, 0)
+    os.ftruncate(fd, len(data))
+    os.fsync(fd)
+
+
+def _beat(fd: int, holder: dict, seconds: float, stop: threading.Event) -> None:
+    """The holder's heartbeat: rewritten every ``seconds`` until ``stop``. A write that fails (a full disk, a
+    network file system away for a while) is tried again at the next beat; the lock holds all the same."""
+    while not stop.wait(seconds):
+        try:
+            _write(fd, holder)
+        except OSError:
+            pass
 
 
 def release(run: Path | None = None) -> None:
@@ -103,6 +149,9 @@ def release(run: Path | None = None) -> None:
         fd = _held.pop(folder, None)
         if fd is None:
             continue
+        stop, beat = _beating.pop(folder)
+        stop.set()
+        beat.join()  # (no heartbeat is written after the file is emptied)
         try:
             os.ftruncate(fd, 0)
         except OSError:  # (a full disk or a folder gone: closing releases the lock all the same)
@@ -117,21 +166,29 @@ def _locked(fd: int) -> bool:
     return struct.unpack("h", answer[:2])[0] != fcntl.F_UNLCK
 
 
-def holder(run: Path) -> dict | None:
-    """Who holds ``run``'s lock now (its pid, host, SLURM job; {} when it has not named itself yet), or None when no
-    process does, or the file system cannot tell."""
+def holder(run: Path, stale: float = STALE_SECONDS) -> dict | None:
+    """Who trains in ``run`` now (its pid, host, SLURM job, heartbeat; {} when it has not named itself yet), or None
+    when no process does: a process holding its lock, or, where this machine sees no lock, one on another host
+    whose heartbeat is younger than ``stale`` seconds (a file system whose locks another node does not see). On
+    this host the lock alone tells: a holder here that ended has released it, whatever its heartbeat."""
     path = Path(run) / LOCK
     if not path.exists():
         return None
     fd = os.open(path, os.O_RDONLY)
     try:
-        return _read(fd) if _locked(fd) else None
-    except OSError as e:
-        if e.errno in UNSUPPORTED:
-            return None
-        raise
+        named = _read(fd)
+        try:
+            if _locked(fd):
+                return named
+        except OSError as e:
+            if e.errno not in UNSUPPORTED:
+                raise
     finally:
         os.close(fd)  # (this process holds no lock on the file)
+    age = heartbeat_age(named)
+    if named.get("host") != socket.gethostname() and age is not None and age < stale:
+        return named
+    return None
 
 
 def announce(run: Path, **facts) -> None:

@@ -4,7 +4,9 @@ and uploaded with `wandb sync` from a machine with network: the code behind `vit
 A run logged offline is a folder ``<run>/wandb/offline-run-<time>-<id>/`` holding its log, ``run-<id>.wandb``.
 `wandb sync` replays that log to the W&B server and, once the server has it whole, writes the empty mark
 ``run-<id>.wandb.synced`` beside it; a log without its mark has not been uploaded. A resumed training logs to
-the same W&B run from one offline folder per start: they are uploaded together, in the order they started.
+the same W&B run from one offline folder per start: each is uploaded as a resume of that W&B run (wandb's
+``resume="allow"``), in the order they started, so that its history, console and system metrics go on after the
+lines the server holds, its steps after the server's last, instead of replacing them.
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ class OfflineRun:
         return sorted(self.folder.glob("*.wandb"))
 
     @property
-    def training(self) -> bool:
-        """Its training still runs (a process holds the run folder's lock: vit.run_lock): its log is not whole yet,
-        and wandb would mark a part of it uploaded for good."""
+    def trainer(self) -> dict | None:
+        """Who still trains it (vit.run_lock.holder: a process holding the run folder's lock, or a fresh heartbeat
+        from another node where the file system shows this one no lock), or None: while it trains its log is not
+        whole, and wandb would mark a part of it uploaded for good."""
         from vit import run_lock
 
-        return run_lock.holder(self.folder.parent.parent) is not None
+        return run_lock.holder(self.folder.parent.parent)
 
     @property
     def uploaded(self) -> bool:
@@ -73,5 +76,8 @@ def upload(runs: list[OfflineRun]) -> list[OfflineRun]:
     command = [sys.executable, "-m", "wandb", "sync", *(str(run.folder) for run in runs)]
     env = {**os.environ}
     env.pop("WANDB_MODE", None)  # a job script's WANDB_MODE=offline, exported here too, is no reason not to upload
+    # each log continues its W&B run where the server's copy ends (offsets of its files, its steps), whether its
+    # training asked for a resume or not: a W&B run's later start never replaces what an earlier one uploaded
+    env["WANDB_RESUME"] = "allow"
     subprocess.run(command, env=env, check=False)  # (its status is read from the marks: they say which runs)
     return [run for run in runs if not run.uploaded]

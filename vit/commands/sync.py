@@ -1,6 +1,8 @@
 """`vit-sync [FOLDER ...]` / `python scripts/sync.py [FOLDER ...]`: upload the W&B runs logged offline under
 each FOLDER (default: $VIT_RUNS, else runs) that are not uploaded yet, with `wandb sync`, from a machine with
 network (a cluster's login node). Runs already uploaded are left alone: running it again uploads only what is new.
+The starts of a resumed training are one W&B run: each goes on after what is uploaded already. A run that still
+trains (its folder's lock is held, or its heartbeat, rewritten every minute, is fresh) is left for later.
 
 Exit status: 0 every offline run is uploaded (or there was none); 1 `wandb sync` did not upload some of them
 (its own lines, above, say why; the next run of this command tries them again); 2 no such FOLDER, or no W&B
@@ -30,12 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     found = {run.folder: run for folder in args.folders for run in offline_runs(folder)}
     runs = sorted(found.values(), key=lambda run: (run.folder.name, str(run.folder)))
     waiting = [run for run in runs if not run.uploaded]
-    training = [run for run in waiting if run.training]
+    training = {run: trainer for run in waiting if (trainer := run.trainer) is not None}
     waiting = [run for run in waiting if run not in training]
     where = ", ".join(map(str, args.folders))
     if training:
         print(f"left for later: {plural(len(training), 'offline W&B run')} still training"
-              + "".join(f"\n  {shown(run.folder)}" for run in training))
+              + "".join(f"\n  {shown(run.folder)}: {still(trainer)}" for run, trainer in training.items()))
     if not waiting:
         print(f"nothing to upload: {plural(len(runs), 'offline W&B run')} under {where}"
               + (", all uploaded" if runs and not training else ""))
@@ -56,6 +58,16 @@ def main(argv: list[str] | None = None) -> int:
         raise exits.RunFailed(f"`wandb sync` did not upload {plural(len(failed), 'run')} (its lines above say why; "
                               "run this command again to retry): " + ", ".join(shown(r.folder) for r in failed))
     return 0
+
+
+def still(trainer: dict) -> str:
+    """Who trains a run, and what to do: trains as pid 12 on node7 (SLURM job 45), since ..., heartbeat 20 s ago;
+    run vit-sync again once it has ended."""
+    from vit.run_lock import describe, heartbeat_age
+
+    age = heartbeat_age(trainer)
+    who = f"trains as {describe(trainer)}" if trainer else "its training holds the run folder's lock"
+    return who + (f", heartbeat {age:.0f} s ago" if age is not None else "") + "; run vit-sync again once it has ended"
 
 
 def plural(n: int, noun: str) -> str:
