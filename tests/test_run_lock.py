@@ -96,11 +96,13 @@ def test_the_other_processes_of_a_launch_wait_for_their_rank_zero_or_end_with_it
     assert f"process 0 of this launch did not take {run}'s lock within 1 s" in capsys.readouterr().err  # said
 
 
-def test_a_process_waiting_for_what_its_rank_zero_writes_goes_on_when_rank_zero_ends_before(tmp_path, monkeypatch,
-                                                                                          capsys):
-    """Rank 0 of the job holds the folder and ends (it failed) before it writes what the others wait for: they go on
-    at once, saying so, instead of waiting out their time."""
+def test_a_process_waiting_for_what_its_rank_zero_writes_ends_when_rank_zero_ends_before(tmp_path, monkeypatch):
+    """Rank 0 of the job holds the folder and ends (it failed) before it names the checkpoint it resumes from: the
+    others end at once (exit 5: a process of the launch was lost), instead of waiting out their time and then in
+    the process group for a rank 0 that is gone."""
     import threading
+
+    from vit.exits import LostProcesses
 
     job = {"SLURM_NTASKS": "2", "SLURM_JOB_ID": "41", "SLURM_JOB_NAME": "train"}
     for key in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RUN_ID"):
@@ -113,14 +115,38 @@ def test_a_process_waiting_for_what_its_rank_zero_writes_goes_on_when_rank_zero_
     ends.start()
     try:
         started = time.monotonic()
-        assert run_lock.wait_for_rank_zero(run, seconds=120, needs="resumes_from") is None
+        with pytest.raises(LostProcesses, match=f"^process 0 of this launch let {run}'s lock go before it named the "
+                                                f"checkpoint it resumes from"):
+            run_lock.wait_for_rank_zero(run, seconds=120, needs="resumes_from")
         assert 0.5 < time.monotonic() - started < 60
     finally:
         ends.cancel()
         holder.kill()
         holder.wait()
-    assert f"process 0 of this launch let {run}'s lock go before it wrote 'resumes_from' into it" in \
-        capsys.readouterr().err
+
+
+def test_a_record_of_this_launch_counts_once_read_alike_twice(tmp_path, monkeypatch):
+    """A lock held over a record of this launch that names a checkpoint, as an earlier holder of the same launch
+    left it (killed), while the new rank 0 has not yet written its own: the record, read alike twice, is taken only
+    when it stays (here it does: the test holds the lock over it); a record that changes is read again."""
+    from vit.run_lock import identity
+
+    run = tmp_path / "run"
+    run.mkdir()
+    records = iter([{"launch": identity(), "pid": 1, "resumes_from": "last.ckpt"},
+                    {"launch": identity(), "pid": 2, "resumes_from": "step.ckpt"}])
+    reads = []
+
+    def read(fd):
+        record = next(records, None) or reads[-1]
+        reads.append(record)
+        return record
+
+    monkeypatch.setattr(run_lock, "_read", read)
+    monkeypatch.setattr(run_lock, "_locked", lambda fd: True)
+    (run / run_lock.LOCK).write_text("{}")
+    told = run_lock.wait_for_rank_zero(run, seconds=30, poll=0.01, needs="resumes_from")
+    assert told["resumes_from"] == "step.ckpt" and len(reads) == 3
 
 
 def test_vit_sync_leaves_a_run_that_still_trains_for_later(tmp_path, capsys):

@@ -41,7 +41,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from vit import launch
-from vit.exits import RunError
+from vit.exits import LostProcesses, RunError
 
 LOCK = ".lock"
 UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)  # a file system that does not lock
@@ -49,6 +49,8 @@ HEARTBEAT_SECONDS = 60.0  # how often the holder rewrites its heartbeat
 STALE_SECONDS = 300.0  # a heartbeat older than this (five missed beats) is a holder's that ended
 _held: dict[Path, int] = {}  # run folder → the descriptor holding its lock in this process
 _beating: dict[Path, tuple[threading.Event, threading.Thread]] = {}  # run folder → its heartbeat's thread
+_records: dict[Path, dict] = {}  # run folder → the record this process keeps in its lock file
+_writing = threading.Lock()  # (the heartbeat and announce write the same file)
 
 
 def identity() -> str:
@@ -113,7 +115,7 @@ def take(run: Path, heartbeat: float = HEARTBEAT_SECONDS) -> str | None:
     mine = {"launch": identity(), "pid": os.getpid(), "host": socket.gethostname(), "slurm_job": launch.slurm_job(),
             "since": _now()}
     _write(fd, mine)
-    _held[run] = fd
+    _held[run], _records[run] = fd, mine
     stop = threading.Event()
     beat = threading.Thread(target=_beat, args=(fd, mine, heartbeat, stop), name=f"heartbeat {run}", daemon=True)
     beat.start()
@@ -128,9 +130,10 @@ def _write(fd: int, holder: dict) -> None:
     """``holder`` with a heartbeat of now as the file's whole content, on disk (fsync: a reader on another node of
     a network file system sees it), through the descriptor that holds the lock (closing another would drop it)."""
     data = (json.dumps({**holder, "heartbeat": _now()}) + "\n").encode()
-    os.pwrite(fd, data, 0)
-    os.ftruncate(fd, len(data))
-    os.fsync(fd)
+    with _writing:
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
 
 
 def _beat(fd: int, holder: dict, seconds: float, stop: threading.Event) -> None:
@@ -150,6 +153,7 @@ def release(run: Path | None = None) -> None:
         if fd is None:
             continue
         stop, beat = _beating.pop(folder)
+        _records.pop(folder, None)
         stop.set()
         beat.join()  # (no heartbeat is written after the file is emptied)
         try:
@@ -198,22 +202,22 @@ def announce(run: Path, **facts) -> None:
     fd = _held.get(Path(run))
     if fd is None:
         return
-    record = (json.dumps({**_read(fd), **facts}) + "\n").encode()
-    os.pwrite(fd, record, 0)
-    os.ftruncate(fd, len(record))
+    record = _records[Path(run)]
+    record.update(facts)  # (the heartbeat rewrites the record with them)
+    _write(fd, record)
 
 
 def wait_for_rank_zero(run: Path, seconds: float = 300.0, poll: float = 0.2, needs: str | None = None) -> dict | None:
     """On a process of a multi-process launch other than rank 0: go on once rank 0 holds ``run``'s lock (the file
-    names this launch) and, with ``needs``, has announced that fact (``announce``); returns its record. RunError
-    with the holder's line when another launch holds it (rank 0 ends with the same line). None on a file system
-    that does not lock, and, said in one line, when rank 0 let the lock go before it announced or after ``seconds``
-    without either (rank 0 failed, and says why): the process goes on, and the launch's own wait for its
-    processes then ends it."""
+    names this launch) and, with ``needs``, has announced that fact (``announce``): its record, read alike twice
+    (not an earlier holder's, read as rank 0 takes the lock); returns it. RunError with the holder's line when another
+    launch holds it (rank 0 ends with the same line); LostProcesses when rank 0 let the lock go before it announced
+    (it failed, and says why). None on a file system that does not lock, and, said in one line, after ``seconds``
+    without either: the process goes on, and the launch's own wait for its processes then ends it."""
     path = Path(run) / LOCK
     start = time.monotonic()
-    deadline, foreign, said, ours = start + seconds, None, False, False
-    what = f"{run}'s lock" + (f" and write {needs!r} into it" if needs else "")
+    deadline, foreign, said, ours, seen = start + seconds, None, False, False, None
+    what = f"{run}'s lock" + (" and name the checkpoint it resumes from" if needs else "")
     while time.monotonic() < deadline:
         if not said and time.monotonic() - start > 10:
             said = True
@@ -230,15 +234,17 @@ def wait_for_rank_zero(run: Path, seconds: float = 300.0, poll: float = 0.2, nee
             finally:
                 os.close(fd)  # (this process holds no lock on the file)
             if locked and holder.get("launch") == identity():
-                if needs is None or needs in holder:
+                # (twice alike: not the record of an earlier holder of this launch, read between rank 0's
+                # taking the lock and writing its own)
+                record = {k: v for k, v in holder.items() if k != "heartbeat"}
+                if (needs is None or needs in holder) and record == seen:
                     return holder
-                ours = True
+                ours, seen = True, record
                 time.sleep(poll)
                 continue
             if ours and not locked:
-                print(f"process 0 of this launch let {run}'s lock go before it wrote {needs!r} into it (it failed, and "
-                      f"says why): going on", file=sys.stderr, flush=True)
-                return None
+                raise LostProcesses(f"process 0 of this launch let {run}'s lock go before it named the checkpoint "
+                                    f"it resumes from (it failed, and says why)")
             if locked and holder:  # twice a second apart: not rank 0 between taking the lock and naming itself
                 if foreign == holder:
                     raise _refused(Path(run), holder)
