@@ -238,3 +238,17 @@ def test_each_start_of_a_run_resumes_its_w_and_b_run(tmp_path, monkeypatch):
         assert logger.experiment.id == "abcd1234" and logger.experiment.settings.resume == "allow"
     finally:
         wandb.finish()
+
+
+@pytest.mark.parametrize("option,value", [("resume", "never"), ("resume", "must"), ("resume", False),
+                                          ("fork_from", "abcd1234?_step=10"), ("resume_from", "abcd1234?_step=10")])
+def test_w_and_b_options_that_would_not_go_on_after_a_resume_are_refused(tmp_path, monkeypatch, option, value):
+    """Every start of a run logs to its one W&B run, going on after what it logged: a resume mode or a fork that
+    would fail at a later start, replace the history or rewind it is refused in one line, before any work."""
+    from vit.exits import ConfigError
+    from vit.loggers import WandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    with pytest.raises(ConfigError, match=f"^--trainer.logger.init_args.{option}"):
+        WandbLogger(save_dir=str(tmp_path), **{option: value})
+    assert WandbLogger(save_dir=str(tmp_path), resume="allow")._wandb_init["resume"] == "allow"

@@ -214,3 +214,24 @@ def test_the_holder_beats_while_it_holds_the_lock_and_another_node_reads_the_hea
     (run / run_lock.LOCK).write_text(json.dumps({**named, "heartbeat": old.isoformat(timespec="seconds")}))
     assert sync([str(tmp_path / "runs"), "--dry-run"]) == 0
     assert "would upload 1 offline W&B run of 1 under" in capsys.readouterr().out
+
+
+def test_the_heartbeat_keeps_what_the_holder_announced(tmp_path):
+    """Rank 0 names the checkpoint it resumes from in its lock's record; the heartbeat that rewrites the record
+    keeps it, so a process that reads it minutes later still finds it. A heartbeat without a time zone (another
+    tool's) is read as UTC."""
+    run = tmp_path / "run"
+    run.mkdir()
+    assert run_lock.take(run, heartbeat=0.05) is None
+    try:
+        run_lock.announce(run, resumes_from="step.ckpt")
+        first = json.loads((run / run_lock.LOCK).read_text())
+        deadline = time.monotonic() + 30
+        while json.loads((run / run_lock.LOCK).read_text() or "{}").get("heartbeat") == first["heartbeat"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert json.loads((run / run_lock.LOCK).read_text())["resumes_from"] == "step.ckpt"
+    finally:
+        run_lock.release(run)
+    naive = datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(seconds=30)
+    assert 29 <= run_lock.heartbeat_age({"heartbeat": naive.isoformat()}) < 600

@@ -15,6 +15,7 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_info
 
+from vit.exits import ConfigError
 from vit.network import unreachable
 
 
@@ -112,8 +113,20 @@ class WandbLogger(_LightningWandbLogger):
             reach_timeout: seconds to wait for the W&B server's answer before logging offline.
         """
         kwargs["project"] = project or os.environ.get("WANDB_PROJECT") or "vit"
-        if kwargs.get("resume") is None:  # the CLI passes wandb.init's default, None, under which a later start of
-            kwargs.pop("resume", None)  # the run replaces its history: Lightning's "allow" goes on after it instead
+        # every start of a run (a resume, a requeue) logs to the run's one W&B id, each going on after the last:
+        # Lightning's resume "allow" (the CLI passes wandb.init's default, None, under which a later start of the
+        # run would replace its history); what would not go on is refused before any work
+        if kwargs.get("resume") is None:
+            kwargs.pop("resume", None)
+        elif kwargs["resume"] != "allow":
+            raise ConfigError(f"--trainer.logger.init_args.resume {kwargs['resume']}: every start of a run (a resume, "
+                              f"a requeued job) logs to the run's own W&B run, going on after what it logged: leave "
+                              f"it unset (\"allow\")")
+        for option in ("fork_from", "resume_from"):
+            if kwargs.get(option) is not None:
+                raise ConfigError(f"--trainer.logger.init_args.{option}: every start of a run (a resume, a requeued "
+                                  f"job) logs to the run's own W&B run, going on after what it logged, which "
+                                  f"{option} would rewind or fork at each start: leave it unset")
         self.reach_timeout = reach_timeout
         mode = os.environ.get("WANDB_MODE")
         if not kwargs.get("offline") and mode is None and not wandb_credentials_present():

@@ -75,6 +75,7 @@ def heartbeat_age(holder: dict) -> float | None:
         beat = datetime.fromisoformat(holder["heartbeat"])
     except (KeyError, TypeError, ValueError):
         return None
+    beat = beat if beat.tzinfo is not None else beat.replace(tzinfo=timezone.utc)  # (written by another tool)
     return max(0.0, (datetime.now(timezone.utc) - beat).total_seconds())
 
 
