@@ -40,11 +40,11 @@ def test_the_pages_tables_are_the_rendering_of_the_committed_records():
     for path in records:
         record = json.loads(path.read_text())
         assert record["commit"] and record["command"] and record["device"] and record["date"], path
-        (page,) = [page for page, text in pages.items()
-                   if f"]({Path(os.path.relpath(path, page.parent)).as_posix()})" in text] or [None]
-        assert page, f"{path} is linked from no page"
+        linked = [page for page, text in pages.items()  # (its table's page; a note may link it from another)
+                  if f"]({Path(os.path.relpath(path, page.parent)).as_posix()})" in text]
+        assert linked, f"{path} is linked from no page"
         if "test_top1" in record:  # each figure of a run's row is on its page as the record has it
-            assert f"**{record['test_top1']:.2f} %** ({record['test_top5']:.2f} %)" in pages[page]
+            assert any(f"**{record['test_top1']:.2f} %** ({record['test_top5']:.2f} %)" in pages[p] for p in linked)
     assert run_figures("--check").returncode == 0
 
 
@@ -90,6 +90,69 @@ def test_a_gpu_row_names_what_decides_its_speed_and_what_its_clock_includes(tmp_
     assert "| 300 s / 520 s / — (the clock includes the first batches of 2 command(s): 61 s) |" in row
 
 
+def run_record(**fields) -> dict:
+    """A training run's record as a plan copies it (the fields the tables show), with ``fields`` over it."""
+    return {"command": "python scripts/train.py --config cpu", "device": "AMD EPYC", "device_count": 1,
+            "cpu": "AMD EPYC", "torch_threads": 2, "epochs": 20, "training_seconds": 600.0, "best_val_acc": 80.0,
+            "test_top1": 79.5, "test_top5": 98.5, "train_images_per_second": 2000.0, "commit": "0123456789abcdef",
+            "dirty": False, "date": "2026-11-25T00:00:00", **fields}
+
+
+def test_a_record_made_from_uncommitted_changes_is_marked_with_where_its_diff_is(tmp_path):
+    """† after the commit of each record made from a dirty tree, and under the table one line per commit saying
+    what it means: the diff beside the record (linked), or not kept; a clean record has no mark."""
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "01-smoke.json").write_text(json.dumps(run_record()))
+    (tmp_path / "cpu" / "02-cpu.json").write_text(json.dumps(run_record(dirty=True, diff="02-cpu.diff")))
+    (tmp_path / "cpu" / "02-cpu.diff").write_text("diff --git a/x b/x\n")
+    (tmp_path / "cpu" / "03-fashion-mnist.json").write_text(json.dumps(run_record(dirty=True, commit="fedcba987654")))
+    page = tmp_path / "docs"
+    rendered = tables.render("<!-- figures: cpu -->\n<!-- /figures -->\n", tmp_path, page)
+    rows = {line.split(" | ")[0]: line for line in rendered.splitlines() if line.startswith("| ")}
+    assert "`0123456`†" not in rows["| smoke recipe"] and "`0123456` 2026-11-25 |" in rows["| smoke recipe"]
+    assert "`0123456`† 2026-11-25 |" in rows["| cpu recipe (10 minutes)"]
+    assert "`fedcba9`† 2026-11-25 |" in rows["| cpu recipe, Fashion-MNIST as image folders (10 minutes)"]
+    notes = rendered.split("<!-- /figures -->")[0].split("\n\n")[1:]  # each its own paragraph, under the table
+    assert notes == ["† made from uncommitted changes to `0123456`; the diff is beside the record: "
+                     "[02-cpu.diff](../cpu/02-cpu.diff).",
+                     "† made from uncommitted changes to `fedcba9`; the diff was not kept.\n"]
+    (tmp_path / "cpu" / "02-cpu.diff").unlink()  # a record naming a diff that is not there: not kept
+    assert "the diff was not kept" in tables.render("<!-- figures: cpu -->\n<!-- /figures -->\n", tmp_path,
+                                                    page).split("`0123456`;")[1].split("\n")[0]
+    bench = {"command": "python scripts/benchmark.py", "device": "AMD EPYC", "device_count": 1, "cpu": "AMD EPYC",
+             "versions": {"torch": "2.14.1"}, "commit": "0123456789abcdef", "dirty": True, "date": "2026-11-25T00:00"}
+    (tmp_path / "benchmark-cpu").mkdir()
+    (tmp_path / "benchmark-cpu" / "cpu.json").write_text(json.dumps(bench))
+    rendered = tables.render("<!-- figures: benchmark-cpu -->\n<!-- /figures -->\n", tmp_path, page)
+    assert "`0123456`† 2026-11-25." in rendered
+    assert "\n\n† made from uncommitted changes to `0123456`; the diff was not kept.\n" in rendered
+
+
+def test_a_corrected_record_is_marked_where_its_filled_in_fields_are(tmp_path):
+    """‡ after the device when a correction filled in the device's fields (after the record for any other field),
+    and a footnote naming the fields and the record they came from; a correction that does not say which fields
+    from which record is refused."""
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "benchmark-gpu").mkdir()
+    (tmp_path / "benchmark-gpu" / "gpu.json").write_text("{}")
+    source = {"from": "../benchmark-gpu/gpu.json", "why": "the record named the CPU"}
+    record = run_record(device="NVIDIA H200", cuda="13.0", corrected={"fields": ["device", "cuda"], **source})
+    (tmp_path / "gpu" / "01-vit_cifar10_fast.json").write_text(json.dumps(record))
+    (tmp_path / "gpu" / "02-vit_cifar10.json").write_text(json.dumps(run_record(corrected={"fields": ["epochs"],
+                                                                                           **source})))
+    rendered = tables.render("<!-- figures: gpu -->\n<!-- /figures -->\n", tmp_path, tmp_path)
+    fast, default = [line for line in rendered.splitlines() if line.startswith("| vit_cifar10")]
+    assert "| 1× NVIDIA H200 (CUDA 13.0)‡ |" in fast and "`0123456` 2026-11-25 |" in fast
+    assert "| AMD EPYC, 2 threads |" in default and "`0123456` 2026-11-25‡ |" in default
+    assert "\n\n‡ [01-vit_cifar10_fast](gpu/01-vit_cifar10_fast.json): `device`, `cuda` filled in by hand from the " \
+           "record [benchmark-gpu/gpu](benchmark-gpu/gpu.json): the record named the CPU.\n" in rendered
+    assert "\n\n‡ [02-vit_cifar10](gpu/02-vit_cifar10.json): `epochs` filled in by hand from the record " in rendered
+    for bad in ("device and cuda: from the benchmark", {"fields": ["device"], "from": "../benchmark-gpu/none.json"}):
+        (tmp_path / "gpu" / "01-vit_cifar10_fast.json").write_text(json.dumps({**record, "corrected": bad}))
+        with pytest.raises(ConfigError, match="01-vit_cifar10_fast.json: corrected: takes"):
+            tables.render("<!-- figures: gpu -->\n<!-- /figures -->\n", tmp_path, tmp_path)
+
+
 def quick_readme(tmp_path) -> tuple[Path, list[str]]:
     readme = tmp_path / "README.md"
     shown = dict.fromkeys(job.table for plan in plans.load_all() if not plan.history for job in plan.runs)
@@ -108,7 +171,8 @@ def test_make_figures_measures_this_machines_table_and_then_measures_nothing(tmp
     assert smoke["commands"] == 1 and "--stop_after_minutes" not in first.stdout and "--minutes" not in first.stdout
     assert json.loads((tmp_path / "results" / "benchmark-cpu" / "cpu.json").read_text())["row"] == "CPU benchmark"
     block = re.search(r"<!-- figures: cpu -->\n(.*?)<!-- /figures -->", readme.read_text(), re.S).group(1)
-    assert "pending" not in block and block.count("](") == 3  # smoke, cpu, cpu on Fashion-MNIST folders
+    # smoke, cpu, cpu on Fashion-MNIST folders (and, from a tree with uncommitted changes, their diffs in a note)
+    assert "pending" not in block and block.count(".json)") == 3
     fashion = json.loads((tmp_path / "results" / "cpu" / "03-fashion-mnist.json").read_text())
     assert "--data vit.data.ImageFolderDataModule" in fashion["command"] and fashion["test_top1"] > 0
     again = run_figures(*common, "--plan", "cpu")

@@ -1,7 +1,12 @@
 """A run's record, ``results.json`` in its folder: what was measured (test top-1/top-5, best validation
 accuracy, epochs, steps, seconds, images/s) and what made it (recipe, command line, commit, machine,
 versions). Written when the test ends, after ``fit`` and by ``train.py test``; README's results tables
-are rendered from copies of these records (``vit.tables``)."""
+are rendered from copies of these records (``vit.tables``).
+
+A record made from a tree with uncommitted changes says ``"dirty": true`` and names the file beside it that
+holds them (``"diff"``, ``keep_diff``). A field filled in by hand after the run is named under ``"corrected"``:
+``{"fields": [...], "from": "<the record they were copied from, relative to this one's folder>", "why": "..."}``;
+the tables mark both."""
 
 from __future__ import annotations
 
@@ -18,22 +23,59 @@ FILE = "results.json"
 REPO = Path(__file__).resolve().parents[1]
 
 
-@functools.cache
-def commit() -> dict:
-    """The commit of the code that ran, and whether its tracked files differed from it (``dirty``);
-    None outside a git checkout (an installed wheel: its version says what ran). Read once, at the first
-    call: the commands call it when they start, so that edits made while a run trains do not count."""
+def tree(repo: Path) -> tuple[dict, str | None]:
+    """The commit checked out in ``repo`` and whether its tracked files differ from it (``dirty``), with, when
+    they do, those changes: ``git diff --binary HEAD`` (``git apply`` takes it) after a preamble that names the
+    commit and lists the untracked files, which the diff leaves out (their names only). None and None outside
+    a git checkout (an installed wheel: its version says what ran). results/ is left out of both: it holds
+    records, what measuring writes, not code that runs."""
     def git(*args: str) -> str | None:
         try:
-            out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=30)
+            out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired):
             return None
-        return out.stdout.strip() if out.returncode == 0 else None
+        return out.stdout if out.returncode == 0 else None
 
-    if not (REPO / ".git").exists() or (sha := git("rev-parse", "HEAD")) is None:
-        return {"commit": None, "dirty": None}
-    # results/ holds records, what measuring writes, not code that runs
-    return {"commit": sha, "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!results"))}
+    code = ("--", ".", ":!results")
+    if not (repo / ".git").exists() or (sha := git("rev-parse", "HEAD")) is None:
+        return {"commit": None, "dirty": None}, None
+    sha = sha.strip()
+    if not (git("status", "--porcelain", "--untracked-files=no", *code) or "").strip():
+        return {"commit": sha, "dirty": False}, None
+    untracked = (git("ls-files", "--others", "--exclude-standard", *code) or "").splitlines()
+    preamble = [f"The uncommitted changes to the tracked files of {sha} that made the record beside this file",
+                "(git diff --binary HEAD; `git apply` it in a checkout of that commit). Untracked files are not in it"
+                + (f"; there were {len(untracked)}:" if untracked else "; there were none."),
+                *(f"  {name}" for name in untracked), ""]
+    return {"commit": sha, "dirty": True}, "\n".join(preamble) + "\n" + (git("diff", "--binary", "HEAD", *code) or "")
+
+
+@functools.cache
+def _this_tree() -> tuple[dict, str | None]:
+    return tree(REPO)
+
+
+def commit() -> dict:
+    """This checkout's commit and ``dirty`` (``tree``). Read once, at the first call: the commands call it when
+    they start, so that edits made while a run trains do not count."""
+    return dict(_this_tree()[0])
+
+
+def keep_diff(path: Path, record: dict) -> None:
+    """A record made from a tree with uncommitted changes (``dirty``) keeps them beside it: this process's
+    diff (read with ``commit``) written to ``<record>.diff`` and named in ``record["diff"]`` (the file's name,
+    in the record's folder). A record that names its diff already (a benchmark's later command) keeps it."""
+    diff = _this_tree()[1]
+    if record.get("dirty") and "diff" not in record and diff is not None:
+        write_whole(path.with_suffix(".diff"), diff)
+        record["diff"] = path.with_suffix(".diff").name
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Whole or not at all: a stopped write leaves no torn file."""
+    part = path.with_name(f".{path.name}.part")
+    part.write_text(text)
+    os.replace(part, path)
 
 
 def cpu_model() -> str:
@@ -122,11 +164,11 @@ def make(*, recipe: str, argv: list[str], accelerator: str, devices: int, metric
 
 def write(run: Path, record: dict, tested: str | None = None) -> Path:
     """``results.json`` (the run's record, after fit), or ``results-<checkpoint>.json`` for a later
-    ``train.py test`` of one of its checkpoints, so that no record overwrites another."""
+    ``train.py test`` of one of its checkpoints, so that no record overwrites another; from a tree with
+    uncommitted changes, their diff beside it (``keep_diff``)."""
     path = run / (FILE if tested is None else f"results-{tested}.json")
-    part = path.with_name(f".{path.name}.part")  # whole or not at all: a stopped write leaves no torn record
-    part.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(part, path)
+    keep_diff(path, record)
+    write_whole(path, json.dumps(record, indent=2) + "\n")
     return path
 
 

@@ -143,10 +143,11 @@ class StepProfile(L.Callback):
         if self.path and trainer.is_global_zero:  # a record: the command, commit, machine and versions first
             import sys
 
-            from vit.results import provenance
+            from vit.results import keep_diff, provenance
 
             record = {**provenance(sys.argv[1:], "train", pl_module.device.type, trainer.world_size), **self.result}
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            keep_diff(Path(self.path), record)
             Path(self.path).write_text(json.dumps(record, indent=1) + "\n")
 
     def on_train_end(self, trainer, pl_module):

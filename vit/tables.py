@@ -74,9 +74,67 @@ def _device(r: dict) -> str:
     return f"{cpu}, {threads} thread{'s' * (threads != 1)}" if threads else cpu
 
 
-def _provenance(path: Path, r: dict, base: Path) -> str:
-    commit = (r.get("commit") or "no commit")[:7]  # (the record says more: a tree with changes, the machine's load)
-    return f"[{path.stem}]({Path(os.path.relpath(path, base)).as_posix()}) `{commit}` {r['date'][:10]}"
+def _provenance(path: Path, r: dict, base: Path, notes: Notes) -> str:
+    commit = (r.get("commit") or "no commit")[:7]  # (the record says more: the machine's load)
+    return f"[{path.stem}]({_link(path, base)}) `{commit}`{notes.made(path, r)} {r['date'][:10]}"
+
+
+def _link(path: Path, base: Path) -> str:
+    return Path(os.path.relpath(path, base)).as_posix()
+
+
+# what the device cell shows: a correction of one of these is marked there, of any other field after the record
+DEVICE_FIELDS = {"device", "device_count", "cuda", "driver", "cpu", "cpu_bf16", "torch_threads"}
+DIRTY, CORRECTED = "†", "‡"
+
+
+class Notes:
+    """The marks of one table's records and their footnotes, one paragraph each under the table: † a record made
+    from uncommitted changes (``dirty``; the diff beside it, ``results.keep_diff``, or not kept), ‡ fields filled
+    in by hand from another record (``corrected``)."""
+
+    def __init__(self, base: Path):
+        self.base, self.dirty, self.corrected = base, {}, []
+
+    def made(self, path: Path, r: dict) -> str:
+        """The mark after a record's commit: † when uncommitted changes to it made the record."""
+        if not r.get("dirty"):
+            return ""
+        diff = path.parent / r["diff"] if r.get("diff") else None
+        kept = diff is not None and diff.is_file()
+        self.dirty.setdefault((r.get("commit") or "no commit")[:7], []).append(diff if kept else None)
+        return DIRTY
+
+    def filled(self, path: Path, r: dict, device: bool) -> str:
+        """‡ after the device (``device``) or after the record, where the corrected fields are shown."""
+        c = r.get("corrected")
+        if c is None:
+            return ""
+        if not (isinstance(c, dict) and isinstance(c.get("fields"), list) and c["fields"]
+                and isinstance(c.get("from"), str) and (path.parent / c["from"]).is_file()):
+            raise ConfigError(f"{path}: corrected: takes {{\"fields\": [the fields filled in], \"from\": \"the record "
+                              f"they come from, relative to this one's folder\", \"why\": \"...\"}}, got {c!r}")
+        if device != bool(DEVICE_FIELDS & set(c["fields"])):
+            return ""
+        source = (path.parent / c["from"]).resolve()
+        fields = ", ".join(f"`{f}`" for f in c["fields"])
+        self.corrected.append(f"{CORRECTED} [{path.stem}]({_link(path, self.base)}): {fields} filled in by hand from "
+                              f"the record [{source.parent.name}/{source.stem}]({_link(source, self.base)})"
+                              + (f": {c['why']}" if c.get("why") else "") + ".")
+        return CORRECTED
+
+    def lines(self) -> list[str]:
+        """The footnotes, each a paragraph of its own (a line right under a table would be one of its rows)."""
+        out = []
+        for commit, diffs in self.dirty.items():
+            kept = [f"[{d.name}]({_link(d, self.base)})" for d in diffs if d is not None]
+            where = ("the diff was not kept" if not kept else
+                     f"the diff is beside the record: {kept[0]}" if len(diffs) == 1 else
+                     f"the diffs are beside the records: {', '.join(kept)}"
+                     + ("; the others' were not kept" if len(kept) < len(diffs) else ""))
+            out.append(f"{DIRTY} made from uncommitted changes to `{commit}`; {where}.")
+        out += self.corrected
+        return [line for note in out for line in ("", note)]
 
 
 def render_runs(table: str, results_dir: Path, base: Path, plans: list[Plan]) -> str:
@@ -87,13 +145,15 @@ def render_runs(table: str, results_dir: Path, base: Path, plans: list[Plan]) ->
     head = ["run", "command", "device", "epochs", "training", "best val", "test top-1 (top-5)", "train img/s"]
     head += ["time to 90 / 93 / 94 %"] if timed else []
     lines = ["| " + " | ".join(head + ["record"]) + " |", "|" + " --- |" * (len(head) + 1)]
+    notes = Notes(base)
     for job in jobs:
         r = present.get(job.name)
         if r is None:
             cells = [job.label, f"`{shlex.join(job.args)}`"] + ["pending"] * (len(head) - 2) + ["—"]
         else:
             reached = r.get("time_to_val_acc", {})
-            cells = [job.label, command_cell(r['command']), _device(r), f"{r['epochs']:g}",
+            path = records[job.name]
+            cells = [job.label, command_cell(r['command']), _device(r) + notes.filled(path, r, True), f"{r['epochs']:g}",
                      f"{r['training_seconds'] / 60:.1f} min", f"{r['best_val_acc']:.2f} %" if r.get('best_val_acc') is not None else "— (not validated)",
                      f"**{r['test_top1']:.2f} %** ({r['test_top5']:.2f} %)", f"{r['train_images_per_second']:,.0f}"]
             if timed:  # the clock includes each command's first batches, where torch.compile compiles again
@@ -103,9 +163,9 @@ def render_runs(table: str, results_dir: Path, base: Path, plans: list[Plan]) ->
                 wall = r.get("time_to_val_acc_wall", {})
                 cells.append(" / ".join((f"{reached[t]:.0f} s" + (f" ({wall[t]:.0f} s wall)" if t in wall else ""))
                                         if t in reached else "—" for t in ("0.90", "0.93", "0.94")) + compiles)
-            cells.append(_provenance(records[job.name], r, base))
+            cells.append(_provenance(path, r, base, notes) + notes.filled(path, r, False))
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + notes.lines()) + "\n"
 
 
 def _bench_rows(r: dict) -> list[list[str]]:
@@ -211,13 +271,13 @@ def render_benchmark(table: str, results_dir: Path, base: Path, plans: list[Plan
             lines.append(f"*{job.label}*: pending, no record yet (`{shlex.join(['scripts/benchmark.py', *job.args])}` "
                          f"measures it on such a machine).\n")
             continue
-        r = results.read(path)
-        lines.append(f"*{job.label}*: {_device(r)}, torch {r['versions']['torch']}, "
+        r, notes = results.read(path), Notes(base)
+        lines.append(f"*{job.label}*: {_device(r)}{notes.filled(path, r, True)}, torch {r['versions']['torch']}, "
                      f"`{benchmark_command(r['command'])}`, "
-                     f"record {_provenance(path, r, base)}.\n")
+                     f"record {_provenance(path, r, base, notes)}{notes.filled(path, r, False)}.\n")
         lines.append("| what | ours | reference | ratio | target |\n| --- | --- | --- | --- | --- |")
         lines += ["| " + " | ".join(row[:4] + [_judged(row[3], row[4])]) + " |" for row in _bench_rows(r)]
-        lines.append("")
+        lines += notes.lines() + [""]
     return "\n".join(lines)
 
 

@@ -150,7 +150,8 @@ class Runner(Inputs):
                     raise PlanFailed(f"{job.table}/{job.name} still trains under another command than the plan's now "
                                      f"({'; '.join(started[:3])}), in {folder} ({run_lock.describe(holder)}): let "
                                      f"it end or cancel it, then run the plan again")
-            targets = ([record] if copied and record != own else []) + ([folder] if copied or mine or started else [])
+            targets = ([record, record.with_suffix(".diff")] if copied and record != own else []) + \
+                ([folder] if copied or mine or started else [])
             if targets:
                 differ = copied or mine or started
                 moved = [aside(p) for p in targets if p.exists()]
@@ -267,11 +268,18 @@ class Runner(Inputs):
         return True
 
     def collect(self, record: Path, job: Run | Benchmark) -> None:
-        """With a results folder: the run's record copied there, with its row's label."""
+        """With a results folder: the run's record copied there, with its row's label, and the diff it names
+        (``results.keep_diff``) beside the copy."""
         if self.results_dir is None:
             print(f"[plan] record: {record}", flush=True)
             return
         path = self.record_path(job)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"row": job.label, **results.read(record)}, indent=2) + "\n")
+        copy = {"row": job.label, **results.read(record)}
+        if "diff" in copy:
+            diff = record.parent / copy.pop("diff")
+            if diff.is_file():
+                shutil.copyfile(diff, path.with_suffix(".diff"))
+                copy["diff"] = path.with_suffix(".diff").name
+        path.write_text(json.dumps(copy, indent=2) + "\n")
         print(f"[plan] record: {path}", flush=True)

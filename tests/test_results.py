@@ -1,0 +1,73 @@
+"""A record keeps how it was made: from a tree with uncommitted changes, their diff beside it, named in it."""
+
+import json
+import subprocess
+from pathlib import Path
+
+from vit import plans, results
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                          check=True, capture_output=True, text=True).stdout
+
+
+def checkout(path: Path) -> Path:
+    """A git repository with one commit: code.py and a record under results/."""
+    path.mkdir()
+    git(path, "init", "-q")
+    (path / "code.py").write_text("lr = 1\n")
+    (path / "results").mkdir()
+    (path / "results" / "old.json").write_text("{}\n")
+    git(path, "add", ".")
+    git(path, "commit", "-q", "-m", "first")
+    return path
+
+
+def test_a_record_of_a_dirty_tree_keeps_its_diff_and_one_of_a_clean_tree_none(tmp_path, monkeypatch):
+    repo = checkout(tmp_path / "repo")
+    sha = git(repo, "rev-parse", "HEAD").strip()
+    monkeypatch.setattr(results, "_this_tree", lambda: results.tree(repo))
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    (repo / "results" / "new.json").write_text("{}\n")  # records and untracked files: the tree is clean
+    (repo / "scratch.py").write_text("x = 1\n")
+    assert results.commit() == {"commit": sha, "dirty": False}
+    results.write(clean, {"recipe": "cpu", **results.commit()})
+    assert sorted(p.name for p in clean.iterdir()) == ["results.json"]
+    assert "diff" not in json.loads((clean / "results.json").read_text())
+
+    (repo / "code.py").write_text("lr = 2\n")
+    (repo / "results" / "old.json").write_text('{"changed": 1}\n')
+    dirty = tmp_path / "dirty"
+    dirty.mkdir()
+    results.write(dirty, {"recipe": "cpu", **results.commit()}, tested="last")
+    record = json.loads((dirty / "results-last.json").read_text())
+    assert record["dirty"] is True and record["diff"] == "results-last.diff"
+    diff = (dirty / "results-last.diff").read_text()
+    assert sha in diff and "Untracked files are not in it; there were 1:\n  scratch.py\n" in diff
+    assert "+lr = 2" in diff and "results/old.json" not in diff  # the code's changes, not the records'
+    copy = tmp_path / "copy"  # the diff, applied to a checkout of the commit, gives the tree that made the record
+    git(tmp_path, "clone", "-q", str(repo), str(copy))
+    git(copy, "apply", str(dirty / "results-last.diff"))
+    assert (copy / "code.py").read_text() == "lr = 2\n"
+    again = {**record, "dirty": True}  # a record that names its diff already (a benchmark's later command) keeps it
+    results.keep_diff(dirty / "results-last.json", again)
+    assert again["diff"] == "results-last.diff"
+
+
+def test_a_plan_copies_a_records_diff_beside_its_copy(tmp_path):
+    """make figures copies a run's record into results/TABLE/NAME.json: its diff goes to NAME.diff, named so."""
+    job = plans.load(plans.find("cpu")).runs[1]
+    runner = plans.Runner(tmp_path / "data", tmp_path / "runs", tmp_path / "results")
+    run = tmp_path / "runs" / job.table / job.name
+    run.mkdir(parents=True)
+    (run / "results.json").write_text(json.dumps({"commit": "abc", "dirty": True, "diff": "results.diff"}))
+    (run / "results.diff").write_text("diff --git a/x b/x\n")
+    runner.collect(run / "results.json", job)
+    copied = json.loads((tmp_path / "results" / job.table / f"{job.name}.json").read_text())
+    assert copied["diff"] == f"{job.name}.diff" and copied["row"] == job.label
+    assert (tmp_path / "results" / job.table / f"{job.name}.diff").read_text() == "diff --git a/x b/x\n"
+    (run / "results.diff").unlink()  # a diff that is gone: the copy names none
+    runner.collect(run / "results.json", job)
+    assert "diff" not in json.loads((tmp_path / "results" / job.table / f"{job.name}.json").read_text())
