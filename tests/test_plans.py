@@ -561,15 +561,32 @@ runs:
             (seed, budget, plans.DATA[data])
 
 
-def test_a_plan_without_a_recipe_says_once_which_recipe_runs(tmp_path, capsys, caplog, monkeypatch):
+@pytest.mark.parametrize("gpus, here, recipe", [(0, False, "cpu"), (0, True, "vit_cifar10"), (1, False, "vit_cifar10")])
+def test_a_run_without_a_recipe_trains_the_one_its_machine_would_and_show_names_it(tmp_path, capsys, monkeypatch,
+                                                                                 gpus, here, recipe):
+    """A run that names no recipe trains the one vit-train picks where it trains: a GPU machine's default where the
+    plan gives each run GPUs, else this machine's. `show` names it in every command (said once, with why), and
+    the configuration a record is compared with is that recipe's, whichever machine shows or submits the plan."""
     monkeypatch.delenv("VIT_ASSUME_GPU", raising=False)
-    monkeypatch.setattr("vit.configs.gpu_present", lambda: False)
-    plan = write(tmp_path / "bare.yaml", "seeds: [0, 1, 2]\nruns: [{name: a}, {name: b}]\n")
-    with caplog.at_level("INFO"):
-        assert main(["show", str(plan)]) == 0
-    assert "6 run(s)" in capsys.readouterr().out
-    assert [r.getMessage()[:31] for r in caplog.records if "no GPU here" in r.getMessage()] == \
-        ["no GPU here: the default recipe"]  # once, not once per run
+    monkeypatch.setattr("vit.configs.gpu_present", lambda: here)
+    plan = write(tmp_path / "bare.yaml", f"seeds: [0, 1, 2]\nresources: {{gpus: {gpus}}}\n"
+                                         "runs: [{name: a}, {name: b, args: [--model.arch.depth, '2']}]\n")
+    assert main(["show", str(plan), "--runs", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    commands = [line.split() for line in out.splitlines() if line.startswith("      vit-train ")]
+    assert len(commands) == 6 and all(words[1:3] == ["--config", recipe] for words in commands)
+    said = [line for line in out.splitlines() if line.startswith("[plan] runs that name no recipe")]
+    assert said == [f"[plan] runs that name no recipe train {recipe} (--config {recipe}), vit-train's default "
+                    f"{'with' if recipe == 'vit_cifar10' else 'without'} a GPU: " +
+                    ("the plan gives each 1 GPU(s) (resources.gpus)" if gpus else
+                     f"resources.gpus is 0, so this machine decides, and it has {'a GPU' if here else 'none'}") +
+                    "; name a recipe in the plan's args to choose another"]
+    check = ArgumentCheck()
+    runner, other = (plans.Runner(tmp_path / "data", tmp_path / "runs", check_command=check) for _ in range(2))
+    named = write(tmp_path / "named.yaml", plan.read_text().replace("seeds:", f"args: [--config, {recipe}]\nseeds:"))
+    for bare, explicit in zip(plans.load(plan).runs, plans.load(named).runs):
+        assert runner.configuration(bare) == other.configuration(explicit)
+        assert runner.configuration(bare)["model.arch.dim"] == (192 if recipe == "vit_cifar10" else 64)
 
 
 @pytest.mark.long
@@ -706,3 +723,93 @@ def test_a_run_started_under_another_command_moves_aside_and_one_still_training_
     assert edited.settle([a]) == 0 and not folder.exists()
     assert (tmp_path / "runs" / "edit" / "a.replaced-1" / "checkpoints").is_dir()
     assert "edit/a: it was started under another command (model.arch.depth 1 → 2)" in capsys.readouterr().out
+
+
+@pytest.mark.long
+def test_a_plan_submitted_without_a_gpu_and_trained_on_one_is_done_once(tmp_path, capsys, fake_cifar, monkeypatch):
+    """A plan whose run names no recipe, with resources.gpus 1, submitted from a login node without a GPU; its
+    task trains where vit-train chooses as on a GPU machine (VIT_ASSUME_GPU=1; toy options for the CPU). The
+    record is of the run the plan has (the table counts it) and the next submit leaves it be."""
+    monkeypatch.delenv("VIT_ASSUME_GPU", raising=False)
+    monkeypatch.setattr("vit.configs.gpu_present", lambda: False)
+    toy = [*plans.QUICK_TRAIN, "--trainer.max_epochs", "1", "--trainer.logger", "false"]
+    plan = write(tmp_path / "gpu.yaml", f"args: {json.dumps(toy)}\nresources: {{gpus: 1}}\nruns: [{{name: a}}]\n")
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    write(bin_ / "srun", '#!/bin/bash\nexec "$@"\n').chmod(0o755)  # the task's step: the command itself
+    write(bin_ / "sbatch", f'#!/bin/bash\nVIT_ASSUME_GPU=1 SLURM_ARRAY_TASK_ID=0 SLURM_JOB_ID=7 bash "$2" '
+                           f'>> {tmp_path}/task.log 2>&1\necho 7\n').chmod(0o755)  # the task, on a "GPU node"
+    monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+    where = ["--runs", str(tmp_path / "runs"), "--data-root", str(fake_cifar)]
+    assert main(["submit", str(plan), *where]) == 0
+    record = json.loads((tmp_path / "runs" / "gpu" / "a" / "results.json").read_text())
+    assert record["recipe"] == "vit_cifar10", (tmp_path / "task.log").read_text()[-2000:]  # the GPU node's choice
+    capsys.readouterr()
+    assert main(["table", str(plan), "--runs", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert "| a | the plan's | 1 of 1 |" in out and "left out" not in out, out
+    assert "--config vit_cifar10 " in record["command"]  # the plan named it in the task's command
+    assert main(["submit", str(plan), *where]) == 0
+    out = capsys.readouterr().out
+    assert "[plan] 1 of 1 runs have their records: nothing to run" in out and "moved aside" not in out
+    assert "gpu/a: done, its record is" in (tmp_path / "task.log").read_text()
+    assert json.loads((tmp_path / "runs" / "gpu" / "a" / "results.json").read_text()) == record
+    assert sorted(p.name for p in (tmp_path / "runs" / "gpu").iterdir() if p.is_dir()) == ["a"]
+
+
+def test_a_commits_run_and_a_benchmark_are_compared_by_their_command(tmp_path, capsys):
+    """Records of a run of another commit and of a benchmark, written by the commands the plan starts (their
+    paths elsewhere, the options in another order, a section under its earlier name): done. Their args edited
+    in the plan, the same records are another command's: the table leaves the run out, `run` moves both aside
+    and says what differs. A record without a command (the committed history's) counts as its run's."""
+    def plan_with(extra: str, sections: str) -> plans.Plan:
+        return plans.load(write(tmp_path / "t.yaml", f"""args: [--config, smoke]
+runs:
+  - {{name: then, commit: abcdef0, seeds: [3], args: [--model.arch.depth, '2'{extra}]}}
+  - {{name: speed, benchmark: [--device, cpu, --sections, "{sections}"]}}
+  - {{name: old, commit: abcdef0}}
+"""))
+    runner = plans.Runner(tmp_path / "data", tmp_path / "runs", check_command=ArgumentCheck())
+    then, speed, old = plan_with("", "fast-paths,step").runs
+    (tmp_path / "runs" / "t" / "then-s3").mkdir(parents=True)
+    write(tmp_path / "runs" / "t" / "then-s3" / "results.json", json.dumps({"test_top1": 50.0, "command": (
+        "python scripts/train.py --config smoke --model.arch.depth=2 --data.root /elsewhere --seed_everything 3 "
+        "--trainer.default_root_dir /x --run then-s3 --ckpt_path last --stop_after_minutes 9")}))
+    (tmp_path / "runs" / "benchmark-t").mkdir(parents=True)
+    write(tmp_path / "runs" / "benchmark-t" / "speed.json", json.dumps({"command": (
+        "vit-benchmark --sections levers,step --device cpu --output /y/speed.json --minutes 3")}))
+    (tmp_path / "runs" / "t" / "old").mkdir(parents=True)
+    write(tmp_path / "runs" / "t" / "old" / "results.json", json.dumps({"test_top1": 40.0}))
+    assert [runner.differences(job) for job in (then, speed, old)] == [[], [], None]
+    assert runner.settle([then, speed, old]) == 3
+    then, speed, old = plan_with(", --model.ema_decay, '0.9'", "step").runs
+    edited = plans.Runner(tmp_path / "data", tmp_path / "runs", check_command=ArgumentCheck())
+    assert main(["table", str(tmp_path / "t.yaml"), "--runs", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert "| then | `--model.arch.depth 2 --model.ema_decay 0.9` (commit abcdef0) | 0 of 1 | pending |" in out
+    assert "(then-s3; then-s3: --model.ema_decay (none) → 0.9)" in out, out
+    assert "| old | the plan's (commit abcdef0) | 1 of 1 | 40.00 |" in out
+    assert edited.settle([then, speed, old]) == 1
+    out = capsys.readouterr().out
+    assert f"[plan] t/then-s3: its record is of another command (--model.ema_decay (none) → 0.9): moved aside to " \
+           f"{tmp_path}/runs/t/then-s3.replaced-1; it runs again" in out
+    assert f"[plan] benchmark-t/speed: its record is of another command (--sections fast-paths,step → step): moved " \
+           f"aside to {tmp_path}/runs/benchmark-t/speed.replaced-1.json; it runs again" in out
+    # what the plan starts a commit's run with is its command: a later edit moves the stopped run aside too
+    edited.remember(then)
+    assert edited.started_differences(then) == []
+    assert runner.started_differences(plan_with("", "step").runs[0]) == ["--model.ema_decay 0.9 → (none)"]
+
+
+def test_every_committed_record_is_of_its_plans_run():
+    """The records in the repository's results/ compare equal to the runs their plans have (training runs by
+    their configuration or, from before records kept it, as theirs; commits' runs and benchmarks by their
+    command), on any machine."""
+    runner = plans.Runner(ROOT / "data", ROOT / "runs", ROOT / "results", check_command=ArgumentCheck())
+    compared = 0
+    for plan in plans.load_all():
+        for job in plan.runs:
+            if runner.record_path(job).is_file():
+                assert not runner.differences(job), (plan.name, job.name, runner.differences(job))
+                compared += runner.differences(job) == []
+    assert compared >= 10

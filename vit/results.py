@@ -240,7 +240,11 @@ def differences(record: dict, configuration: dict | None) -> list[str] | None:
     recorded = record.get("configuration")
     if not isinstance(recorded, dict) or configuration is None:
         return None
-    keys = sorted(set(recorded) | set(configuration))
+    return changes(recorded, configuration)
+
+
+def changes(recorded: dict, planned: dict) -> list[str]:
+    """The keys whose values differ between two mappings, each as ``key recorded → planned`` ((none): absent)."""
     missing = object()
-    return [f"{k} {recorded.get(k, '(none)')} → {configuration.get(k, '(none)')}"
-            for k in keys if recorded.get(k, missing) != configuration.get(k, missing)]
+    return [f"{k} {recorded.get(k, '(none)')} → {planned.get(k, '(none)')}"
+            for k in sorted(set(recorded) | set(planned)) if recorded.get(k, missing) != planned.get(k, missing)]

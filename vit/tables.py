@@ -12,21 +12,14 @@ from pathlib import Path
 from vit import results
 from vit.checkpoints import todays_words
 from vit.exits import ConfigError
-from vit.plans import REPO, Benchmark, Plan, Run, load_all
+from vit.plans import PLACING, RENAMED_SECTIONS, REPO, Benchmark, Plan, Run, load_all
 
 BLOCK = re.compile(r"(<!-- figures: (?P<table>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures -->)", re.S)
-HIDDEN = {"--data.root", "--trainer.default_root_dir", "--run", "--ckpt_path", "--stop_after_minutes", "--output",
-          "--minutes"}
 
 
 def jobs_of(table: str, plans: list[Plan]) -> list[Run | Benchmark]:
     """The table's rows, in its plan's order."""
     return [job for plan in plans for job in plan.runs if job.table == table]
-
-
-# benchmark sections renamed since some records were written: (name in the record, name today); the
-# tables read the old key and show the command a user types today
-RENAMED_SECTIONS = {"levers": "fast-paths"}
 
 
 def benchmark_command(command: str) -> str:
@@ -46,7 +39,7 @@ def _shown_words(command: str) -> tuple[list[str], list[str]]:
     for word in words[2 if words[:1] == ["python"] else 1:]:
         if skip:
             skip = False
-        elif word in HIDDEN:
+        elif word in PLACING:
             skip = True
         else:
             shown.append(word)

@@ -112,12 +112,11 @@ def check_arguments(plan, runner) -> None:
     """Each run's command parsed by the parser of its command (vit-train's, vit-benchmark's), as it would
     parse it, before any work starts: a typo or an old option is one line naming the plan file and the run
     (ConfigError). A run of another commit (commit:) takes that commit's options: not checked here. Which
-    recipe runs where a command names none is said once."""
-    from vit import configs
+    recipe runs where a plan names none (``Runner.recipe``) is said once."""
     from vit.exits import ConfigError
     from vit.plans import Benchmark
 
-    noted = False
+    resolved = None
     for job in plan.runs:
         if getattr(job, "commit", None):
             continue
@@ -125,10 +124,23 @@ def check_arguments(plan, runner) -> None:
             if isinstance(job, Benchmark):
                 _check_benchmark(list(job.args))
                 continue
-            runner.configuration(job, note=not noted)
-            noted = noted or not configs.named_recipes(list(job.args))
+            runner.configuration(job)
         except ConfigError as e:
             raise ConfigError(f"{plan.path}: run {job.name}: {e}") from None
+        resolved = resolved or runner.recipe(job)
+    if resolved:
+        print(f"[plan] {_resolved(resolved, plan.resources['gpus'])}; name a recipe in the plan's args to choose "
+              "another")
+
+
+def _resolved(recipe: str, gpus: int) -> str:
+    """Why runs that name no recipe train ``recipe`` (``Runner.recipe``)."""
+    from vit import configs
+
+    where = "with" if recipe == configs.DEFAULT else "without"
+    why = f"the plan gives each {gpus} GPU(s) (resources.gpus)" if gpus else \
+        f"resources.gpus is 0, so this machine decides, and it has {'a GPU' if where == 'with' else 'none'}"
+    return f"runs that name no recipe train {recipe} (--config {recipe}), vit-train's default {where} a GPU: {why}"
 
 
 def _check_benchmark(argv: list[str]) -> None:

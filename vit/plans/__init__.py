@@ -29,6 +29,10 @@ clone of its own: its code and recipes), or be a benchmark: ``benchmark: [vit-be
 instead of ``args``, its report the record of the table ``benchmark-TABLE``. ``history: true`` keeps a
 plan for its records only (its runs need options this version no longer has): it renders, it does not run.
 
+A run whose args name no recipe trains the one vit-train picks where it trains, written into its command
+(``--config NAME``, as ``show`` prints it): the default recipe (vit_cifar10) where ``resources.gpus`` gives each
+run a GPU, else the recipe of the machine that runs or submits the plan (cpu without a GPU).
+
 A name is one row of the table: entries may share one only to add seeds to the same change (the same label,
 args, minutes, data), and no run comes twice.
 
@@ -43,15 +47,17 @@ continues), and its record is that folder's ``results.json``, which keeps the ru
 every run of a plan is one W&B group, named after the table (WANDB_RUN_GROUP, which wandb reads). A run whose
 record is of another configuration (the plan was edited since) is not done: ``run`` and ``submit`` move its
 folder aside to ``RUNS/TABLE/NAME.replaced-N/``, saying what differs, and run it again; ``table`` leaves its
-record out and says so. A record from before records kept their configuration counts as its run's.
+record out and says so. A run of another commit and a benchmark are compared by their command (the options it
+sets, without what only places or bounds it). A record from before records kept their configuration, or
+without a command, counts as its run's.
 """
 
 from vit.plans.inputs import make_quick_data
 from vit.plans.plan_file import (DATA, EXPERIMENTS, NAME, PLAN_KEYS, REPO, RESOURCE_KEYS, RUN_KEYS, STOPPED, Benchmark,
                                  Plan, PlanFailed, PlanStopped, Run, find, load, load_all, max_time)
-from vit.plans.run_here import QUICK_BENCH, QUICK_TRAIN, Runner, program
+from vit.plans.run_here import PLACING, QUICK_BENCH, QUICK_TRAIN, RENAMED_SECTIONS, Runner, program
 from vit.plans.slurm import sbatch_script
 
 __all__ = ["DATA", "EXPERIMENTS", "NAME", "PLAN_KEYS", "REPO", "RESOURCE_KEYS", "RUN_KEYS", "STOPPED", "Benchmark", "Plan",
            "PlanFailed", "PlanStopped", "Run", "find", "load", "load_all", "max_time", "make_quick_data", "QUICK_BENCH",
-           "QUICK_TRAIN", "Runner", "program", "sbatch_script"]
+           "QUICK_TRAIN", "PLACING", "RENAMED_SECTIONS", "Runner", "program", "sbatch_script"]

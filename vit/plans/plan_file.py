@@ -52,6 +52,7 @@ class Run:
     own: tuple[str, ...] = ()  # that run's own arguments (beside the plan's)
     seed: int | None = None  # the plan's seed for it (None: the recipe's)
     minutes: float | None = None  # the plan's budget for it (None: the recipe's)
+    gpus: int = 0  # the GPUs it trains on (the plan's resources.gpus): which recipe runs where its args name none
 
     def owned(self) -> tuple[str, ...]:
         """What the plan sets for this run, given after its args so that no recipe or argument overrides it: its
@@ -247,7 +248,7 @@ def load(path: Path) -> Plan:
         for seed in run_seeds if run_seeds is not None else (None,):
             suffix = ("", "") if seed is None else (f"-s{seed}", f", seed {seed}")
             run = Run(table, name + suffix[0], label + suffix[1], (*base, *args), commit, data_kind, name, args, seed,
-                      run_minutes)
+                      run_minutes, resources["gpus"])
             for key, words in (("args", base), (f"{where}.args", args)):
                 _refuse_owned(words, path, key, run)
             runs.append(run)

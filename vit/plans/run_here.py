@@ -16,7 +16,7 @@ from pathlib import Path
 from vit import results
 from vit.exits import ConfigError
 from vit.plans.inputs import Inputs
-from vit.plans.plan_file import REPO, STOPPED, Benchmark, Plan, PlanFailed, PlanStopped, Run
+from vit.plans.plan_file import DATA, REPO, STOPPED, Benchmark, Plan, PlanFailed, PlanStopped, Run
 
 QUICK_TRAIN = ("--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2",
                "--model.compile", "false", "--trainer.accelerator", "cpu", "--trainer.precision", "32-true",
@@ -25,7 +25,44 @@ QUICK_TRAIN = ("--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arc
 QUICK_BENCH = ("--quick", "--device", "cpu", "--sections", "model,step")  # (test_benchmark runs every section)
 
 
-STARTED = "plan.json"  # in a run's folder: the configuration the plan started it with
+STARTED = "plan.json"  # in a run's folder: the configuration (or command) the plan started it with
+# what the runner gives a command only to place its files or bound that one command: not part of what it runs
+PLACING = {"--data.root", "--trainer.default_root_dir", "--run", "--ckpt_path", "--stop_after_minutes", "--output",
+           "--minutes"}
+# benchmark sections renamed since some records were written: (name in the record, name today); the tables
+# read the old key and show the command a user types today, and a plan compares a record's command under today's
+RENAMED_SECTIONS = {"levers": "fast-paths"}
+
+
+def settings(words: list[str], training: bool) -> dict[str, str]:
+    """What a command line sets, to compare two commands of one run: each option's last value (a flag: "(set)"),
+    its --config values in order, its other words in order; without the program's words before its first option
+    and what only places or bounds the command (PLACING). A training command that names no data module trains the
+    default recipe's, CIFAR-10; a benchmark's sections are named as today (RENAMED_SECTIONS)."""
+    out: dict[str, str] = {}
+    recipes, others = [], []
+    i = next((i for i, word in enumerate(words) if word.startswith("-")), len(words))
+    while i < len(words):
+        option, equals, value = words[i].partition("=")
+        i += 1
+        if not option.startswith("-"):
+            others.append(words[i - 1])
+            continue
+        if not equals and i < len(words) and not words[i].startswith("--"):
+            value, i = words[i], i + 1
+        elif not equals:
+            value = "(set)"
+        option = {"-c": "--config", "--data.class_path": "--data"}.get(option, option) if training else option
+        if option == "--sections" and not training:
+            value = ",".join(RENAMED_SECTIONS.get(name, name) for name in value.split(","))
+        if option == "--config":
+            recipes.append(value)
+        elif option not in PLACING:
+            out[option] = value
+    if training:
+        out.setdefault("--data", DATA["cifar"])
+    return {**out, **({"--config": ", ".join(recipes)} if recipes else {}),
+            **({"(arguments)": " ".join(others)} if others else {})}
 
 
 def aside(path: Path) -> Path:
@@ -81,13 +118,29 @@ class Runner(Inputs):
             return self.runs_root / job.table / f"{job.name}.json"
         return self.runs_root / job.table / job.name / results.FILE
 
+    def recipe(self, job: Run) -> str | None:
+        """The recipe of a run whose args name none: the one vit-train picks on the machine that trains it, so
+        that a plan means the same wherever it is shown, submitted or run: a GPU machine's default where the plan
+        gives its runs GPUs (resources.gpus), else this machine's (without a GPU, the cpu recipe). None for a run
+        that names its recipe, or of another commit (that commit's vit-train picks, by its own defaults)."""
+        from vit import configs, gpus
+
+        if job.commit or configs.named_recipes(list(job.args)):
+            return None
+        if job.gpus or configs.gpu_present():  # (VIT_ASSUME_GPU=1 counts as a GPU here, as for vit-train)
+            return configs.DEFAULT
+        gpus.check_gpus_usable()  # GPUs given here that torch cannot use: never the cpu recipe in their place
+        return configs.CPU
+
     def train_args(self, job: Run) -> list[str]:
-        """The run's vit-train arguments (``vit-plan show`` prints them): the plan's and the run's args, then what
-        the plan sets itself (its seed, budget and data module, ``Run.owned``; its data root and run folder), so
-        that no recipe file or argument before them overrides them."""
+        """The run's vit-train arguments (``vit-plan show`` prints them): its recipe where its args name none
+        (``recipe``), the plan's and the run's args, then what the plan sets itself (its seed, budget and data
+        module, ``Run.owned``; its data root and run folder), so that no recipe file or argument before them
+        overrides them."""
         root = self.data_root if job.data == "cifar" else self.folders_path()
-        return [*job.args, *job.owned(), "--data.root", str(root), "--trainer.default_root_dir",
-                str(self.runs_root / job.table), "--run", job.name, "--ckpt_path", "last",
+        recipe = self.recipe(job)
+        return [*(("--config", recipe) if recipe else ()), *job.args, *job.owned(), "--data.root", str(root),
+                "--trainer.default_root_dir", str(self.runs_root / job.table), "--run", job.name, "--ckpt_path", "last",
                 *self.bound("--stop_after_minutes"), *(QUICK_TRAIN if self.quick else ())]
 
     def train_command(self, job: Run) -> list[str]:
@@ -96,7 +149,7 @@ class Runner(Inputs):
             self.folders()
         return [*program(self.tree(job), "train"), *self.train_args(job)]
 
-    def configuration(self, job: Run, note: bool = False) -> dict | None:
+    def configuration(self, job: Run) -> dict | None:
         """The run's effective configuration, as vit-train parses its command here (None for a run of another
         commit, whose options are that commit's); a bad or old option raises ConfigError with the parser's line."""
         if job.commit:
@@ -104,34 +157,55 @@ class Runner(Inputs):
         if job.name not in self.planned:
             if self.check_command is None:
                 raise TypeError("Runner(check_command=vit.commands.train.ArgumentCheck()) parses the runs' commands")
-            self.planned[job.name] = self.check_command(self.train_args(job), note)
+            self.planned[job.name] = self.check_command(self.train_args(job), False)
         return self.planned[job.name]
 
-    def differences(self, job: Run | Benchmark, path: Path | None = None) -> list[str] | None:
-        """How the job's record (or the record at ``path``) differs from the run the plan has now ([]: it is that
-        run; None: no record, or one that cannot tell: from before records kept their configuration, or of another
-        commit's run)."""
-        path = path or self.record_path(job)
-        if not isinstance(job, Run) or not path.is_file():
+    def compare(self, job: Run | Benchmark, record: dict) -> list[str] | None:
+        """How ``record`` (the job's record, or what the plan started it with: ``STARTED``) differs from what the
+        plan runs as the job now ([]: the same; None: it cannot tell). A training run of this code is compared by
+        its effective configuration (None for a record from before records kept it); a run of another commit
+        (whose options are that commit's) and a benchmark by their command's settings (``settings``; None
+        without a command)."""
+        if isinstance(job, Run) and not job.commit:
+            return results.differences(record, self.configuration(job)) if "configuration" in record else None
+        command = record.get("command")
+        if not isinstance(command, str):
             return None
-        record = results.read(path)
-        return results.differences(record, self.configuration(job)) if "configuration" in record else None
+        try:
+            recorded = shlex.split(command)
+        except ValueError:  # (a quote left open: not a command this project wrote)
+            return None
+        training = isinstance(job, Run)
+        return results.changes(settings(recorded, training), settings(self.command_args(job), training))
+
+    def command_args(self, job: Run | Benchmark) -> list[str]:
+        """The arguments of the job's command (vit-train's or vit-benchmark's) as this runner gives them."""
+        return self.train_args(job) if isinstance(job, Run) else list(QUICK_BENCH if self.quick else job.args)
+
+    def differences(self, job: Run | Benchmark, path: Path | None = None) -> list[str] | None:
+        """How the job's record (or the record at ``path``) differs from what the plan has now (``compare``; None
+        also without a record)."""
+        path = path or self.record_path(job)
+        return self.compare(job, results.read(path)) if path.is_file() else None
 
     def started_differences(self, job: Run | Benchmark) -> list[str] | None:
-        """How the command the plan started a run with (``STARTED`` in its folder, written as it starts) differs from
-        the run the plan has now; None when it has no such file (or is not a training run of this code)."""
+        """How what the plan started a run with (``STARTED`` in its folder, written as it starts) differs from the
+        run the plan has now; None when it has no such file (or is a benchmark)."""
         path = self.runs_root / job.table / job.name / STARTED
-        if not isinstance(job, Run) or job.commit or not path.is_file():
+        if not isinstance(job, Run) or not path.is_file():
             return None
-        return results.differences(results.read(path), self.configuration(job))
+        return self.compare(job, results.read(path))
 
     def remember(self, job: Run | Benchmark) -> None:
-        """Write, in the run's folder, the configuration the plan starts it with (``started_differences`` reads it)."""
-        if isinstance(job, Run) and not job.commit and not self.dry_run:
+        """Write, in the run's folder, what the plan starts it with (``started_differences`` reads it): its
+        configuration, or for a run of another commit its command."""
+        if isinstance(job, Run) and not self.dry_run:
             folder = self.runs_root / job.table / job.name
             folder.mkdir(parents=True, exist_ok=True)
             part = folder / f".{STARTED}.part"  # whole or not at all
-            part.write_text(json.dumps({"configuration": self.configuration(job)}, indent=2) + "\n")
+            started = {"command": shlex.join(self.train_args(job))} if job.commit else \
+                {"configuration": self.configuration(job)}
+            part.write_text(json.dumps(started, indent=2) + "\n")
             os.replace(part, folder / STARTED)
 
     def settle(self, jobs: list[Run | Benchmark]) -> int:
@@ -150,8 +224,9 @@ class Runner(Inputs):
                     raise PlanFailed(f"{job.table}/{job.name} still trains under another command than the plan's now "
                                      f"({'; '.join(started[:3])}), in {folder} ({run_lock.describe(holder)}): let "
                                      f"it end or cancel it, then run the plan again")
+            kept = own if isinstance(job, Benchmark) else folder  # (a benchmark's is its report, no run folder)
             targets = ([record, record.with_suffix(".diff")] if copied and record != own else []) + \
-                ([folder] if copied or mine or started else [])
+                ([kept] if copied or mine or started else [])
             if targets:
                 differ = copied or mine or started
                 moved = [aside(p) for p in targets if p.exists()]
@@ -243,8 +318,7 @@ class Runner(Inputs):
         return [p.wait() for p in procs]
 
     def benchmark_command(self, job: Benchmark, out: Path) -> list[str]:
-        return [*program(REPO, "benchmark"), *(QUICK_BENCH if self.quick else job.args), "--output", str(out),
-                *self.bound("--minutes")]
+        return [*program(REPO, "benchmark"), *self.command_args(job), "--output", str(out), *self.bound("--minutes")]
 
     def benchmark(self, job: Benchmark) -> bool:
         """One command of the benchmark, bounded by ``minutes`` (when given) as a training command is (False:
