@@ -2,6 +2,7 @@
 (SLURM's and torchrun's variables) is read in one module, vit/launch.py."""
 
 import ast
+import itertools
 import re
 from pathlib import Path
 
@@ -39,16 +40,17 @@ def test_the_launchers_environment_is_read_in_one_module():
     assert readers == ["vit.launch"]
 
 
-def test_readme_layout_names_files_that_exist_and_define_what_it_says():
-    """README's map (question → file) names each module of the package, only files that exist, and each
+def test_the_package_map_names_files_that_exist_and_define_what_it_says():
+    """docs/development.md's map (question → file) names each module of the package, only files that exist, and each
     name a row gives in backticks (`run_callbacks`, `Schedule`) is defined at the top level of its files."""
-    text = (ROOT / "README.md").read_text()
-    rows = [line for line in text[text.index("| question | file |"):].splitlines()[2:] if line.startswith("|")]
+    text = (ROOT / "docs" / "development.md").read_text()
+    rows = list(itertools.takewhile(lambda line: line.startswith("|"),
+                                    text[text.index("| question | file |"):].splitlines()[2:]))
     named = {path for row in rows for path in re.findall(r"`(vit/[\w/]+\.py)`", row)}
     missing = sorted(path for path in named if not (ROOT / path).is_file())
-    assert rows and named and not missing, f"README's layout names files that do not exist: {missing}"
+    assert rows and named and not missing, f"docs/development.md's layout names files that do not exist: {missing}"
     modules = {f.relative_to(ROOT).as_posix() for f in (ROOT / "vit").glob("*.py") if f.name != "__init__.py"}
-    assert not modules - named, f"modules missing from README's layout: {sorted(modules - named)}"
+    assert not modules - named, f"modules missing from docs/development.md's layout: {sorted(modules - named)}"
     for row in rows:
         answer = row.split("|")[2]
         defined = set().union(*(top_level_names(ROOT / p) for p in re.findall(r"`(vit/[\w/]+\.py)`", answer)))

@@ -40,7 +40,7 @@ runs:
 
 def test_every_plan_of_experiments_loads_and_expands_and_fills_a_page_table():
     every = plans.load_all()
-    assert {p.name for p in every} >= {"cpu", "gpu", "muon-horizon", "cpu-earlier", "fashion-mnist"}
+    assert {p.name for p in every} >= {"cpu", "gpu", "muon-horizon", "cpu-ns-float32", "fashion-mnist"}
     shown = {m["table"] for page in tables.pages() for m in tables.BLOCK.finditer(page.read_text())}
     for plan in every:
         assert plan.runs and plan.tables() <= shown, plan.path
@@ -50,8 +50,8 @@ def test_every_plan_of_experiments_loads_and_expands_and_fills_a_page_table():
         for job in plan.runs:
             if isinstance(job, plans.Run):
                 assert job.args[:2] == ("--config", job.args[1]) and job.label and job.table == plan.table
-    earlier = plans.load(plans.find("cpu-earlier"))
-    assert [job.name for job in earlier.runs if job.commit] == ["earlier-s0", "earlier-s1"]
+    earlier = plans.load(plans.find("cpu-ns-float32"))
+    assert [job.name for job in earlier.runs if job.commit] == ["nsbf16-warm1-s0", "nsbf16-warm1-s1"]
     assert all("2f47865" not in job.label and "2f47865" not in job.name for job in earlier.runs)
 
 
