@@ -56,6 +56,32 @@ def test_a_record_of_a_dirty_tree_keeps_its_diff_and_one_of_a_clean_tree_none(tm
     assert again["diff"] == "results-last.diff"
 
 
+def test_a_diff_in_any_encoding_under_any_git_configuration_applies_and_one_not_written_costs_no_record(
+        tmp_path, monkeypatch, capsys):
+    """Changes that are not UTF-8, with CRLF line ends, under a git configured for colour and without prefixes,
+    give a diff that `git apply` takes; a diff that cannot be written (here a folder in its place) costs a
+    warning line, never the record, which then names no diff (its tables say it was not kept)."""
+    repo = checkout(tmp_path / "repo")
+    git(repo, "config", "color.diff", "always")
+    git(repo, "config", "diff.noprefix", "true")
+    (repo / "code.py").write_bytes("lr = 2  # é\r\n".encode("latin-1"))
+    monkeypatch.setattr(results, "_this_tree", lambda: results.tree(repo))
+    run = tmp_path / "run"
+    run.mkdir()
+    results.write(run, {"recipe": "cpu", **results.commit()})
+    copy = tmp_path / "copy"
+    git(tmp_path, "clone", "-q", str(repo), str(copy))
+    subprocess.run(["git", "-C", str(copy), "apply", str(run / "results.diff")], check=True, capture_output=True)
+    assert (copy / "code.py").read_bytes() == (repo / "code.py").read_bytes()
+    full = tmp_path / "full"
+    (full / "results.diff").mkdir(parents=True)
+    results.write(full, {"recipe": "cpu", **results.commit()})
+    record = json.loads((full / "results.json").read_text())
+    assert record["dirty"] is True and "diff" not in record
+    assert "warning: the diff of the uncommitted changes the record" in capsys.readouterr().err
+    assert sorted(p.name for p in full.iterdir()) == ["results.diff", "results.json"]  # (no part left)
+
+
 def test_a_plan_copies_a_records_diff_beside_its_copy(tmp_path):
     """make figures copies a run's record into results/TABLE/NAME.json: its diff goes to NAME.diff, named so."""
     job = plans.load(plans.find("cpu")).runs[1]

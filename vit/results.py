@@ -23,35 +23,46 @@ FILE = "results.json"
 REPO = Path(__file__).resolve().parents[1]
 
 
-def tree(repo: Path) -> tuple[dict, str | None]:
+def tree(repo: Path) -> tuple[dict, bytes | None]:
     """The commit checked out in ``repo`` and whether its tracked files differ from it (``dirty``), with, when
     they do, those changes: ``git diff --binary HEAD`` (``git apply`` takes it) after a preamble that names the
     commit and lists the untracked files, which the diff leaves out (their names only). None and None outside
     a git checkout (an installed wheel: its version says what ran). results/ is left out of both: it holds
     records, what measuring writes, not code that runs."""
-    def git(*args: str) -> str | None:
+    def git(*args: str) -> bytes | None:  # (bytes: a diff is not always UTF-8, nor its line ends \n)
         try:
-            out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30)
+            out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired):
             return None
         return out.stdout if out.returncode == 0 else None
 
+    def text(out: bytes | None) -> str | None:
+        return None if out is None else out.decode(errors="surrogateescape")
+
     code = ("--", ".", ":!results")
-    if not (repo / ".git").exists() or (sha := git("rev-parse", "HEAD")) is None:
+    if not (repo / ".git").exists() or (sha := text(git("rev-parse", "HEAD"))) is None:
         return {"commit": None, "dirty": None}, None
     sha = sha.strip()
-    if not (git("status", "--porcelain", "--untracked-files=no", *code) or "").strip():
+    status = text(git("status", "--porcelain", "--untracked-files=no", *code))
+    if status is None:  # (git failed: whether the tree is clean is not known)
+        return {"commit": sha, "dirty": None}, None
+    if not status.strip():
         return {"commit": sha, "dirty": False}, None
-    untracked = (git("ls-files", "--others", "--exclude-standard", *code) or "").splitlines()
+    untracked = (text(git("ls-files", "--others", "--exclude-standard", *code)) or "").splitlines()
+    # the diff as `git apply` takes it, whatever the user's git configuration (colour, prefixes, external tools)
+    diff = git("diff", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", "--src-prefix=a/",
+               "--dst-prefix=b/", "HEAD", *code)
+    if diff is None:  # (git failed: the record says dirty, its tables "the diff was not kept")
+        return {"commit": sha, "dirty": True}, None
     preamble = [f"The uncommitted changes to the tracked files of {sha} that made the record beside this file",
                 "(git diff --binary HEAD; `git apply` it in a checkout of that commit). Untracked files are not in it"
                 + (f"; there were {len(untracked)}:" if untracked else "; there were none."),
                 *(f"  {name}" for name in untracked), ""]
-    return {"commit": sha, "dirty": True}, "\n".join(preamble) + "\n" + (git("diff", "--binary", "HEAD", *code) or "")
+    return {"commit": sha, "dirty": True}, ("\n".join(preamble) + "\n").encode(errors="surrogateescape") + diff
 
 
 @functools.cache
-def _this_tree() -> tuple[dict, str | None]:
+def _this_tree() -> tuple[dict, bytes | None]:
     return tree(REPO)
 
 
@@ -64,18 +75,29 @@ def commit() -> dict:
 def keep_diff(path: Path, record: dict) -> None:
     """A record made from a tree with uncommitted changes (``dirty``) keeps them beside it: this process's
     diff (read with ``commit``) written to ``<record>.diff`` and named in ``record["diff"]`` (the file's name,
-    in the record's folder). A record that names its diff already (a benchmark's later command) keeps it."""
+    in the record's folder). A record that names its diff already (a benchmark's later command) keeps it. Written
+    after the record (``write``): a diff that cannot be written (a full disk) costs a line, never the record."""
     diff = _this_tree()[1]
-    if record.get("dirty") and "diff" not in record and diff is not None:
-        write_whole(path.with_suffix(".diff"), diff)
-        record["diff"] = path.with_suffix(".diff").name
+    if not (record.get("dirty") and "diff" not in record and diff is not None):
+        return
+    target = path.with_name(path.stem + ".diff")
+    try:
+        write_whole(target, diff)
+    except OSError as e:
+        print(f"warning: the diff of the uncommitted changes the record {path} was made from was not kept "
+              f"({target}: {e.strerror or e})", file=sys.stderr, flush=True)
+        return
+    record["diff"] = target.name
 
 
-def write_whole(path: Path, text: str) -> None:
-    """Whole or not at all: a stopped write leaves no torn file."""
+def write_whole(path: Path, data: str | bytes) -> None:
+    """Whole or not at all: a stopped write leaves no torn file (nor its part, where the write failed)."""
     part = path.with_name(f".{path.name}.part")
-    part.write_text(text)
-    os.replace(part, path)
+    try:
+        part.write_bytes(data) if isinstance(data, bytes) else part.write_text(data)
+        os.replace(part, path)
+    finally:
+        part.unlink(missing_ok=True)
 
 
 def cpu_model() -> str:
@@ -167,8 +189,11 @@ def write(run: Path, record: dict, tested: str | None = None) -> Path:
     ``train.py test`` of one of its checkpoints, so that no record overwrites another; from a tree with
     uncommitted changes, their diff beside it (``keep_diff``)."""
     path = run / (FILE if tested is None else f"results-{tested}.json")
-    keep_diff(path, record)
     write_whole(path, json.dumps(record, indent=2) + "\n")
+    if record.get("dirty") and "diff" not in record:
+        keep_diff(path, record)
+        if "diff" in record:  # (the record again, naming it)
+            write_whole(path, json.dumps(record, indent=2) + "\n")
     return path
 
 
