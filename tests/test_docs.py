@@ -61,3 +61,13 @@ def test_license_and_citation_agree_with_pyproject():
     assert cff["license"] == project["license"] and str(cff["version"]) == project["version"]
     assert cff["authors"] == [{"name": "the vit-lightning contributors"}]
     assert any("2010.11929" in str(ref) and ref["authors"][0]["family-names"] == "Dosovitskiy" for ref in cff["references"])
+
+
+def test_readme_is_a_front_page():
+    """README is read in two minutes: at most 130 lines, the two commands first, the GPU results before the CPU's."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 130
+    assert text.index("make train") < text.index("make test") < text.index("## Results")
+    assert text.index("<!-- figures: gpu -->") < text.index("<!-- figures: cpu -->")
+    for needed in ("VIT_RUNS", "SYSTEM_SITE=1", "TORCH=cu126", "sbatch", "--partition", "--ckpt_path last"):
+        assert needed in text, needed
