@@ -63,7 +63,7 @@ def default_files(mode: str, argv: list[str], note: bool = True) -> list[Path]:
     if mode == "fit" and not named_recipes(argv) and not gpu_present():
         from lightning.pytorch.utilities import rank_zero_info
 
-        from vit import gpus
+        from vit.cluster import gpus
 
         gpus.check_gpus_usable()  # GPUs given but unusable: never the CPU recipe in their place
         defaults.append(path(CPU))

@@ -241,7 +241,7 @@ class BreakBatch(L.Callback):
         self.batch, self.rank = batch, rank
 
     def on_train_start(self, trainer, pl_module):
-        from vit.resume import DataPosition, EpochOrder
+        from vit.data.resume import DataPosition, EpochOrder
 
         if self.rank not in (None, trainer.global_rank):
             return

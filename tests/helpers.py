@@ -30,8 +30,8 @@ TEST_LINE = r"test on (\d+) images(?: \(of \d+: [^)]+\))? with (.*): top-1 ([\d.
 
 
 def make_fake_cifar(root: Path, per_batch: int = 100, test_size: int = 200, seed: int = 0) -> Path:
-    """cifar-10-batches-py/ under root, in the official format (vit.cifar.write_fake: a learnable task)."""
-    from vit.cifar import write_fake
+    """cifar-10-batches-py/ under root, in the official format (vit.data.cifar.write_fake: a learnable task)."""
+    from vit.data.cifar import write_fake
 
     return write_fake(root, per_batch, test_size, seed)
 
@@ -122,7 +122,7 @@ def sync_here(*args, timeout: float = 300):
     wandb that never ends fails the test (subprocess.TimeoutExpired) instead of stalling the suite."""
     import functools
 
-    with pytest.MonkeyPatch.context() as patch:  # (subprocess.run, as vit.sync calls it, for this call only)
+    with pytest.MonkeyPatch.context() as patch:  # (subprocess.run, as vit.reporting.sync calls it, for this call only)
         patch.setattr(subprocess, "run", functools.partial(subprocess.run, timeout=timeout))
         return run_here("sync.py", *args)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 import vit
-from vit.rollout import explain
+from vit.models.rollout import explain
 
 COLOURS = torch.tensor([[1.0, 0.1, 0.1], [0.1, 1.0, 0.1], [0.1, 0.1, 1.0], [1.0, 1.0, 0.1]])
 
@@ -87,7 +87,7 @@ def main() -> None:
     from datetime import datetime, timezone
     from pathlib import Path
 
-    from vit.results import commit, cpu_model
+    from vit.training.results import commit, cpu_model
 
     root = Path(__file__).resolve().parents[1]
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -1,7 +1,7 @@
 """Gradient accumulation (Lightning's --trainer.accumulate_grad_batches K) is the larger batch in K passes:
 B images × K trains as one batch of B·K would (the same images per optimizer step, the same lr), and a run
 killed or preempted inside an accumulation window resumes to the uninterrupted run's weights (checkpoints
-and stops land on optimizer steps' ends: vit.resume.at_step_end)."""
+and stops land on optimizer steps' ends: vit.data.resume.at_step_end)."""
 
 import re
 import signal
@@ -22,7 +22,7 @@ def max_abs_diff(a: dict, b: dict) -> float:
 
 def batches(source: str, fake_cifar, batch: int, accumulate: int, epoch: int = 0) -> list[list[tuple[int, bytes]]]:
     """The train loader's batches of one epoch (images and labels, sorted per batch), as one process reads them."""
-    from vit.data import CIFAR10DataModule
+    from vit.data.datamodules import CIFAR10DataModule
 
     dm = CIFAR10DataModule(root=str(fake_cifar), val_size=100, num_workers=0, batch_size=batch, pipeline=source)
     dm.trainer = SimpleNamespace(world_size=1, global_rank=0, accumulate_grad_batches=accumulate, lightning_module=None,

@@ -1,13 +1,13 @@
 """Every --data.batch_size that vit-train accepts trains: for each recipe, on 1 and on 2 processes, a global
 batch either completes an optimizer step or is refused before training with one line and exit 2, naming the
-nearest sizes that work (vit.data.split_batch). The global batch is never changed for the user."""
+nearest sizes that work (vit.data.datamodules.split_batch). The global batch is never changed for the user."""
 
 import re
 
 import pytest
 
 from vit import configs
-from vit.data import MIN_SHARE, split_batch
+from vit.data.datamodules import MIN_SHARE, split_batch
 from vit.exits import ConfigError
 
 MIXING = {"vit_cifar10", "vit_cifar10_fast", "vit_tiny_cifar10"}  # Mixup/CutMix on (timm's needs an even batch)
@@ -150,9 +150,9 @@ def test_the_out_of_memory_advice_keeps_each_steps_images_in_a_split_the_cli_acc
     each optimizer step; where each process already takes the fewest images it may (8), the line says so."""
     import torch
 
-    from vit import runs
+    from vit.cluster import runs
     from vit.commands.train import ViTCLI
-    from vit.memory import out_of_memory_message
+    from vit.training.memory import out_of_memory_message
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "disabled")
@@ -231,8 +231,8 @@ def test_a_skipped_batch_counts_in_the_data_position_so_a_resume_reads_on_where_
     the uninterrupted one gave after them."""
     from types import SimpleNamespace
 
-    from vit.data import ImageFolderDataModule
-    from vit.resume import DataPosition, EpochOrder
+    from vit.data.datamodules import ImageFolderDataModule
+    from vit.data.resume import DataPosition, EpochOrder
 
     dm = ImageFolderDataModule(root=str(folders(tmp_path / "photos")), batch_size=4, val_size=4, num_workers=0)
     dm.setup("fit")
@@ -263,7 +263,7 @@ def test_evaluation_takes_any_batch_under_mixup(fake_cifar):
 
     import torch
 
-    from vit.data import CIFAR10DataModule
+    from vit.data.datamodules import CIFAR10DataModule
 
     dm = CIFAR10DataModule(root=str(fake_cifar), val_size=100, num_workers=0, batch_size=31)
     dm.trainer = SimpleNamespace(world_size=1, global_rank=0, accumulate_grad_batches=1,
@@ -278,7 +278,7 @@ def test_evaluation_takes_any_batch_under_mixup(fake_cifar):
 def test_a_batch_that_lost_images_keeps_pairs_under_mixup_and_names_its_files_when_none_is_left():
     import torch
 
-    from vit.data import Unreadable, UnreadableBatch, _skip_unreadable
+    from vit.data.datamodules import Unreadable, UnreadableBatch, _skip_unreadable
 
     good = [(torch.zeros(3, 4, 4, dtype=torch.uint8), i) for i in range(3)]
     images, labels = _skip_unreadable([*good, Unreadable("d.png")], pairs=True)

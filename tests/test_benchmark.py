@@ -47,8 +47,8 @@ def test_benchmark_quick_writes_json(tmp_path):
 
 
 def test_analytic_flops_follow_the_notes():
-    from vit.model import flops_per_image
-    from vit.model import ViTConfig, VisionTransformer
+    from vit.models.model import flops_per_image
+    from vit.models.model import ViTConfig, VisionTransformer
 
     m = VisionTransformer(ViTConfig(image_size=32, patch_size=4, dim=192, depth=12, heads=3))
     t, d = 65, 192
@@ -107,7 +107,7 @@ def test_a_bounded_benchmark_stops_with_the_sections_left_and_the_same_command_f
 
 def test_records_of_the_fast_paths_render_under_their_earlier_key_too():
     """The fast-paths section's rows were written under "levers" before it had that name: both render alike."""
-    from vit.tables import _bench_rows
+    from vit.reporting.tables import _bench_rows
 
     record = json.loads((ROOT / "results" / "benchmark-cpu-fast-paths" / "fast-paths-muon.json").read_text())
     rows = _bench_rows(record)
@@ -125,7 +125,7 @@ def test_the_training_step_is_shown_beside_the_machines_matmul_peak(tmp_path, mo
 
     from vit.benchmark import peak
     from vit.commands.benchmark import main
-    from vit.tables import _bench_rows
+    from vit.reporting.tables import _bench_rows
 
     out = tmp_path / "bench.json"
     assert main(["--quick", "--device", "cpu", "--sections", "step", "--output", str(out)]) == 0
@@ -187,7 +187,7 @@ def test_the_time_bound_and_the_report_work_apart(tmp_path):
 def test_the_folders_section_times_a_first_start_and_a_requeue(tmp_path):
     """2,000 generated JPEGs (--quick), two starts on 2 processes: the first checks every image and writes the
     folder's index, the second reads it (the section refuses a second start that checked again)."""
-    from vit.tables import _bench_rows
+    from vit.reporting.tables import _bench_rows
 
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "scripts/benchmark.py", "--quick", "--device", "cpu", "--sections",
@@ -234,7 +234,7 @@ def test_the_breakdown_splits_a_step_into_data_model_optimizer_and_the_rest(tmp_
     assert graphed == {"mode": "graphed", "skipped": "CUDA graphs need a CUDA device, this one is cpu"}
     out = capsys.readouterr().out
     assert "rest_ms" in out and "launches_per_step" in out and "# graphed: skipped, CUDA graphs need" in out
-    from vit.tables import _bench_rows  # the record's rows on a page: each part's ms, as the report has them
+    from vit.reporting.tables import _bench_rows  # the record's rows on a page: each part's ms, as the report has them
 
     rows = [row for row in _bench_rows(report) if row[0].startswith("where a training step goes")]
     assert len(rows) == 2 and rows[1][2] == graphed["skipped"]

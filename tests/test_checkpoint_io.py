@@ -7,7 +7,7 @@ import tempfile
 import pytest
 import torch
 
-from vit.checkpoint_io import save_atomically
+from vit.cluster.checkpoint_io import save_atomically
 from helpers import EVERY_STEP, assert_same_training_state, load, train_here
 
 

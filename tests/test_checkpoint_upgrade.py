@@ -30,8 +30,8 @@ def probabilities(predictions: list[dict], names: list[str]) -> list[float]:
 
 
 def test_upgrade_moves_the_flat_options_into_their_groups_and_drops_those_that_left():
-    from vit.checkpoints import read_checkpoint
-    from vit.module import ViTClassifier
+    from vit.models.checkpoints import read_checkpoint
+    from vit.training.module import ViTClassifier
 
     assert load(OLD)["hyper_parameters"]["optimizer"] == "muon"  # (the fixture is flat)
     hparams = read_checkpoint(OLD)["hyper_parameters"]
@@ -48,10 +48,10 @@ def test_upgrade_moves_the_flat_options_into_their_groups_and_drops_those_that_l
 
 
 def test_classify_rollout_export_and_the_demo_give_what_they_gave(tmp_path):
-    from vit.demo import analyse
-    from vit.images import load_image
-    from vit.inference import load_classifier
-    from vit.rollout import explain
+    from vit.inference.demo import analyse
+    from vit.data.images import load_image
+    from vit.inference.classifier import load_classifier
+    from vit.models.rollout import explain
 
     clf = load_classifier(OLD)
     names = clf.class_names
@@ -99,7 +99,7 @@ def test_it_tests_and_resumes_with_its_options_in_their_groups(tmp_path, capsys)
 def test_an_option_that_left_and_changed_training_or_evaluation_is_refused_there_only(tmp_path, capsys):
     """tta_flip evaluated on mirror images too, decay "linear" decayed the lr linearly: a test or a resume would
     silently do otherwise, so they say so; the inference commands never read either and load it as before."""
-    from vit.inference import load_classifier
+    from vit.inference.classifier import load_classifier
 
     old = load(OLD)
     old["hyper_parameters"].update(tta_flip=True, decay="linear", pos_init="sincos")

@@ -93,8 +93,8 @@ def test_text_mode_errors_are_one_line_each_on_stderr(trained_checkpoint, images
 
 
 def test_probabilities_match_validation_preprocessing(trained_checkpoint, fake_cifar_session, tmp_path):
-    from vit.data import CIFAR10DataModule
-    from vit.module import ViTClassifier
+    from vit.data.datamodules import CIFAR10DataModule
+    from vit.training.module import ViTClassifier
 
     ckpt = torch.load(trained_checkpoint, weights_only=True)
     model = ViTClassifier(**{k: v for k, v in ckpt["hyper_parameters"].items() if not k.startswith("_")}).eval()
@@ -157,7 +157,7 @@ def test_classify_path_does_not_import_lightning_or_wandb():
 
 
 def test_export_round_trip_safetensors(trained_checkpoint, images, tmp_path):
-    from vit.inference import load_classifier
+    from vit.inference.classifier import load_classifier
 
     good, _ = images
     reference = load_classifier(trained_checkpoint)

@@ -61,8 +61,8 @@ def test_fast_recipe_compiles_once_per_image_size_and_equals_eager(tmp_path, fak
     from vit.commands.train import main
 
     weights = {}
-    from vit.module import ViTClassifier
-    from vit.model import ViTConfig
+    from vit.training.module import ViTClassifier
+    from vit.models.model import ViTConfig
 
     torch.manual_seed(0)  # the runs' own start (seed_everything 0), to measure each weight's update
     start = ViTClassifier(ViTConfig(dim=16, depth=2, heads=2, mlp_ratio=2.0)).model.state_dict()

@@ -14,8 +14,8 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
-from vit.cifar import CLASSES
-from vit.data import CIFAR10DataModule, DatasetError, augmentation, stratified_split
+from vit.data.cifar import CLASSES
+from vit.data.datamodules import CIFAR10DataModule, DatasetError, augmentation, stratified_split
 from helpers import make_fake_cifar
 
 
@@ -218,7 +218,7 @@ def test_n_processes_read_the_images_of_one_step_of_one_process(fake_cifar, pipe
 
 
 def test_the_global_batch_splits_evenly_and_usefully_or_says_why():
-    from vit.data import MIN_SHARE, split_batch
+    from vit.data.datamodules import MIN_SHARE, split_batch
     from vit.exits import ConfigError
 
     assert split_batch(512, 1) == 512 and split_batch(512, 16) == 32 and split_batch(5, 1) == 5

@@ -1,5 +1,5 @@
 """`vit-demo`: the local page for a trained model, driven in a real headless Chromium (Debian's chromium and
-chromedriver, through Selenium; nothing downloaded), and its library (vit.demo) without a browser."""
+chromedriver, through Selenium; nothing downloaded), and its library (vit.inference.demo) without a browser."""
 
 import json
 import os
@@ -44,8 +44,8 @@ def classify_json(checkpoint: Path, image: Path) -> dict:
 
 
 def test_the_page_results_are_classifys_and_a_bad_file_is_a_message(trained_checkpoint, tmp_path):
-    from vit.demo import analyse, model_card, render
-    from vit.inference import load_classifier
+    from vit.inference.demo import analyse, model_card, render
+    from vit.inference.classifier import load_classifier
 
     clf = load_classifier(trained_checkpoint)
     good = photo(tmp_path / "good.jpg", 400, 300)
@@ -65,8 +65,8 @@ def test_the_page_results_are_classifys_and_a_bad_file_is_a_message(trained_chec
 
 def test_an_exported_folder_shows_its_recorded_accuracy(trained_checkpoint, tmp_path):
     from vit.commands.export import main as export
-    from vit.demo import analyse, recorded_top1
-    from vit.inference import load_classifier
+    from vit.inference.demo import analyse, recorded_top1
+    from vit.inference.classifier import load_classifier
 
     folder = tmp_path / "exported"
     assert export(["--checkpoint", str(trained_checkpoint), "--output", str(folder), "--format", "timm"]) == 0
@@ -92,7 +92,7 @@ def test_without_gradio_or_with_a_bad_checkpoint_it_says_so(tmp_path, monkeypatc
     assert capsys.readouterr().err.strip() == ("error: vit-demo needs Gradio: make install EXTRAS=demo (or pip install "
                                                "'vit-lightning[demo]')")
     # what the demo extra alone must carry: the page's code needs neither the training stack nor ONNX
-    heavy = subprocess.run([sys.executable, "-c", "import sys, vit.commands.demo, vit.demo; print(sorted({m.split('.')[0] "
+    heavy = subprocess.run([sys.executable, "-c", "import sys, vit.commands.demo, vit.inference.demo; print(sorted({m.split('.')[0] "
                             "for m in sys.modules} & {'lightning', 'wandb', 'onnx', 'onnxruntime', 'selenium'}))"],
                            capture_output=True, text=True, timeout=120)
     assert heavy.stdout.strip() == "[]", heavy.stdout + heavy.stderr
@@ -222,8 +222,8 @@ def test_the_page_offers_a_folders_examples(trained_checkpoint, tmp_path):
     import gradio as gr
 
     from vit.commands.demo import build_page
-    from vit.images import find_images
-    from vit.inference import load_classifier
+    from vit.data.images import find_images
+    from vit.inference.classifier import load_classifier
 
     folder = tmp_path / "examples"
     folder.mkdir()

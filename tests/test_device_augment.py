@@ -1,4 +1,4 @@
-"""AutoAugment and random erasing on the device (vit.device_augment): for the same draws, image by image
+"""AutoAugment and random erasing on the device (vit.data.device_augment): for the same draws, image by image
 and bit for bit, torchvision's AutoAugment and timm's RandomErasing; draws distributed as theirs; a fixed
 number of batched operations, none of which waits for the device."""
 
@@ -12,9 +12,9 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import AutoAugmentPolicy, InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
-from vit.device_augment import (CIFAR10_POLICY, SIGNED, AutoAugment, AutoAugmentDraws, autoaugment,
-                                autoaugment_draws, erase, erasing_boxes, magnitudes, random_erasing,
-                                random_erasing_draws)
+from vit.data.device_augment import (CIFAR10_POLICY, SIGNED, AutoAugment, AutoAugmentDraws, autoaugment,
+                                     autoaugment_draws, erase, erasing_boxes, magnitudes, random_erasing,
+                                     random_erasing_draws)
 
 SPACE = v2.AutoAugment._AUGMENTATION_SPACE
 CIFAR10 = v2.AutoAugment(AutoAugmentPolicy.CIFAR10)._policies
@@ -42,7 +42,7 @@ def sample_images(n: int, c: int = 3, h: int = 32, w: int = 32, seed: int = 0) -
 
 
 def test_the_policy_and_magnitudes_are_torchvisions():
-    """vit.device_augment's copies of what torchvision keeps private: the CIFAR-10 policy table, the
+    """vit.data.device_augment's copies of what torchvision keeps private: the CIFAR-10 policy table, the
     magnitude bins of each op (for several image sizes) and which ops are signed."""
     assert CIFAR10_POLICY == tuple(tuple(sub) for sub in CIFAR10)
     for op, (bins_fn, signed) in SPACE.items():

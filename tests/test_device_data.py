@@ -4,7 +4,7 @@ import pytest
 import torch
 from torchvision.transforms.v2 import functional as TF
 
-from vit.device_data import DeviceBatches, crop_flip, random_crop_flip
+from vit.data.device_data import DeviceBatches, crop_flip, random_crop_flip
 
 
 def torchvision_reference(image, top, left, flip, padding):
@@ -68,7 +68,7 @@ def test_device_batches_shard_by_rank_and_seed_by_epoch():
 
 
 def test_device_batches_start_at_any_batch_exactly():
-    """A resumed epoch (vit.resume): starting at batch k gives exactly batches k, k+1, … of the whole epoch,
+    """A resumed epoch (vit.data.resume): starting at batch k gives exactly batches k, k+1, … of the whole epoch,
     crops and flips included."""
     images = torch.randint(0, 256, (100, 3, 8, 8), dtype=torch.uint8)
     labels = torch.arange(100)
@@ -95,8 +95,8 @@ def test_time_to_accuracy_records_each_threshold_once_on_the_runs_clock():
     import time
     from types import SimpleNamespace
 
-    from vit.callbacks import TimeToAccuracy
-    from vit.callbacks import TrainingClock
+    from vit.training.callbacks import TimeToAccuracy
+    from vit.training.callbacks import TrainingClock
 
     logged = {}
     module = SimpleNamespace(log_dict=lambda d: logged.update(d))
@@ -124,7 +124,7 @@ def test_time_to_accuracy_counts_the_training_epochs_alone():
     import time
     from types import SimpleNamespace
 
-    from vit.callbacks import TimeToAccuracy, TrainingClock
+    from vit.training.callbacks import TimeToAccuracy, TrainingClock
 
     clock = TrainingClock()
     clock.load_state_dict({"training_seconds": 100.0, "validation_seconds": 30.0})
@@ -145,7 +145,7 @@ def test_time_to_accuracy_counts_the_training_epochs_alone():
 
 @pytest.mark.parametrize("world", [1, 3])
 def test_validation_on_the_device_reads_every_image_once(world):
-    from vit.device_data import DeviceEvalBatches
+    from vit.data.device_data import DeviceEvalBatches
 
     images = torch.arange(103 * 3 * 2 * 2, dtype=torch.int32).view(103, 3, 2, 2).to(torch.uint8)
     labels = torch.arange(103)
@@ -164,9 +164,9 @@ def test_device_batches_autoaugment_after_crop_flip_with_each_steps_draws():
     """auto_augment="autoaugment": each batch is the crop+flip batch it would be without (the same crops and
     flips), then AutoAugmented with draws that follow them from the step's generator; and N processes
     together still read, image for image, one process's batch."""
-    from vit.device_augment import autoaugment, autoaugment_draws
-    from vit.device_data import crop_flip_draws
-    from vit.seeding import epoch_seed
+    from vit.data.device_augment import autoaugment, autoaugment_draws
+    from vit.data.device_data import crop_flip_draws
+    from vit.data.seeding import epoch_seed
 
     torch.set_num_threads(1)  # many small batches: as fast on a busy machine (conftest restores the count)
     images = torch.randint(0, 256, (100, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))

@@ -151,7 +151,7 @@ def test_the_watchdog_gives_slow_work_its_hour_and_every_other_wait_ddp_timeout(
 
     import torch
 
-    from vit.guards import Watchdog
+    from vit.training.guards import Watchdog
 
     dog = Watchdog(8)
     trainer = SimpleNamespace(global_rank=0, world_size=1, accumulate_grad_batches=1)
@@ -234,7 +234,7 @@ def test_slow_work_that_outlasts_its_time_is_stuck_too():
     script = """
 import time
 from types import SimpleNamespace
-from vit.guards import Watchdog
+from vit.training.guards import Watchdog
 Watchdog.SLOW = 2.0
 dog = Watchdog(1)
 dog.setup(SimpleNamespace(global_rank=0, world_size=1), None, "fit")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from vit import plans, tables
+from vit import plans
+from vit.reporting import tables
 from vit.exits import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -192,7 +193,7 @@ def test_each_run_is_one_command_unless_minutes_bounds_them(tmp_path):
     assert isinstance(jobs[0], plans.Benchmark) and "breakdown" in jobs[0].args[-1]
     first = next(job for job in jobs if isinstance(job, plans.Run))
     assert first.args == ("--config", "vit_cifar10_fast")
-    assert "vit.callbacks.TimeToAccuracy" in configs.path("vit_cifar10_fast").read_text()
+    assert "vit.training.callbacks.TimeToAccuracy" in configs.path("vit_cifar10_fast").read_text()
     assert any(isinstance(job, plans.Benchmark) for job in jobs)
     assert parser.parse_args([]).minutes is None
     whole = plans.Runner(tmp_path / "data", tmp_path / "runs", tmp_path / "results")
@@ -337,7 +338,7 @@ def printed_config(argv: list[str]) -> dict:
 
 
 def test_every_command_a_table_shows_runs_as_typed_and_sets_what_it_says(tmp_path, monkeypatch):
-    """The pages' tables show each record's command in today's option names (vit.checkpoints.todays_words, the
+    """The pages' tables show each record's command in today's option names (vit.models.checkpoints.todays_words, the
     mapping checkpoints of earlier versions are read with): `vit-train COMMAND --print_config` parses each one,
     and each option it names holds its value in the printed config. The records keep the command as it ran."""
     import yaml

@@ -1,4 +1,4 @@
-"""An image folder's index (vit.folder_index): built once per state of the folder, reused by later starts
+"""An image folder's index (vit.data.folder_index): built once per state of the folder, reused by later starts
 without opening an image, rebuilt when a file is added, removed or rewritten, or when the index file is
 not one this version wrote for this state."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-import vit.folder_index
-from vit.data import DatasetError, ImageFolderDataModule
+import vit.data.folder_index
+from vit.data.datamodules import DatasetError, ImageFolderDataModule
 from helpers import write_bad_files, write_images
 
 
@@ -27,7 +27,7 @@ def folders(tmp_path):
 def opened(monkeypatch):
     """How many images were checked and how many files PIL opened since the test began."""
     counts = {"checked": 0, "opened": 0}
-    check, pil_open = vit.folder_index.check_image, Image.open
+    check, pil_open = vit.data.folder_index.check_image, Image.open
 
     def counting_check(path):
         counts["checked"] += 1
@@ -37,7 +37,7 @@ def opened(monkeypatch):
         counts["opened"] += 1
         return pil_open(*args, **kwargs)
 
-    monkeypatch.setattr(vit.folder_index, "check_image", counting_check)
+    monkeypatch.setattr(vit.data.folder_index, "check_image", counting_check)
     monkeypatch.setattr(Image, "open", counting_open)
     return counts
 
@@ -105,7 +105,7 @@ def test_a_damaged_index_is_rebuilt_with_one_line(folders, tmp_path, opened, cap
     assert opened["checked"] == 15 and len(dm.bad_files) == 3
     said = [r.getMessage() for r in caplog.records if "index" in r.getMessage() and "checking every" in r.getMessage()]
     assert len(said) == 1 and why in said[0], said
-    assert json.loads((tmp_path / "index.json").read_text())["format"] == vit.folder_index.FORMAT
+    assert json.loads((tmp_path / "index.json").read_text())["format"] == vit.data.folder_index.FORMAT
 
 
 def test_an_index_naming_files_the_folder_lacks_is_rebuilt(folders, tmp_path, opened, caplog):
@@ -153,9 +153,9 @@ def test_the_index_lists_images_in_image_folders_order(folders):
 
     write_images(folders / "train" / "red" / "deeper", 3, (200, 20, 20), size=16)
     (folders / "train" / "red" / "readme.txt").write_text("not an image")
-    samples, _ = vit.folder_index.walk(folders, ["blue", "red"])
+    samples, _ = vit.data.folder_index.walk(folders, ["blue", "red"])
     theirs = ImageFolder(str(folders / "train"), is_valid_file=lambda p: p.lower().endswith(
-        tuple(vit.folder_index.IMAGE_SUFFIXES)))
+        tuple(vit.data.folder_index.IMAGE_SUFFIXES)))
     assert samples["train"] == theirs.samples and len(samples["train"]) == 18 and list(samples) == ["train"]
 
 
@@ -164,7 +164,7 @@ def test_a_process_waiting_for_process_zeros_index_says_so_until_it_comes(capsys
     each says so at every interval (a minute in a run), and stops saying it once the index came."""
     import time
 
-    from vit.folder_index import _Every
+    from vit.data.folder_index import _Every
 
     waiting = _Every(0.05, "process 1: still waiting for process 0's folder index")
     lines, deadline = [], time.monotonic() + 30
@@ -185,8 +185,8 @@ def relpath_digest(root, classes):
     import hashlib
     import json
 
-    samples, _ = vit.folder_index.walk(root, classes)
-    digest = hashlib.sha256(json.dumps([vit.folder_index.FORMAT, classes]).encode())
+    samples, _ = vit.data.folder_index.walk(root, classes)
+    digest = hashlib.sha256(json.dumps([vit.data.folder_index.FORMAT, classes]).encode())
     for path, _ in (sample for split in samples.values() for sample in split):
         st = os.stat(path)
         digest.update(f"{os.path.relpath(path, root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
@@ -200,17 +200,17 @@ def test_the_state_is_the_same_however_the_folder_is_named_and_changes_with_a_fi
     import shutil
 
     classes = ["blue", "red"]
-    _, digest = vit.folder_index.walk(folders, classes)
+    _, digest = vit.data.folder_index.walk(folders, classes)
     assert digest == relpath_digest(folders, classes)
     (tmp_path / "link").symlink_to(folders, target_is_directory=True)
     monkeypatch.chdir(tmp_path)
-    names = [vit.folder_index.walk(p, classes)[1] for p in (Path("photos"), Path("link/../photos"), Path("link"))]
+    names = [vit.data.folder_index.walk(p, classes)[1] for p in (Path("photos"), Path("link/../photos"), Path("link"))]
     monkeypatch.chdir(folders)
-    names.append(vit.folder_index.walk(Path("."), classes)[1])
+    names.append(vit.data.folder_index.walk(Path("."), classes)[1])
     shutil.copytree(folders, tmp_path / "copied" / "photos")  # (copy2: times kept)
-    names.append(vit.folder_index.walk(tmp_path / "copied" / "photos", classes)[1])
+    names.append(vit.data.folder_index.walk(tmp_path / "copied" / "photos", classes)[1])
     assert names == [digest] * 5
     red = folders / "train" / "red"
     first = sorted(red.glob("*.png"))[0]
     first.rename(first.with_name("renamed.png"))
-    assert vit.folder_index.walk(folders, classes)[1] != digest == relpath_digest(tmp_path / "copied" / "photos", classes)
+    assert vit.data.folder_index.walk(folders, classes)[1] != digest == relpath_digest(tmp_path / "copied" / "photos", classes)

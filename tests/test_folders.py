@@ -13,12 +13,12 @@ from PIL import Image
 from safetensors.torch import save_file
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
-from vit.data import DatasetError, ImageFolderDataModule
-from vit.images import check_image, load_image
-from vit.inference import Classifier
-from vit.model import ViTConfig, VisionTransformer
-from vit.module import ViTClassifier
-from vit.preprocessing import Metadata
+from vit.data.datamodules import DatasetError, ImageFolderDataModule
+from vit.data.images import check_image, load_image
+from vit.inference.classifier import Classifier
+from vit.models.model import ViTConfig, VisionTransformer
+from vit.training.module import ViTClassifier
+from vit.models.preprocessing import Metadata
 from helpers import load, write_bad_files, write_images
 
 
@@ -131,7 +131,7 @@ def test_fashion_mnist_files_become_folders_that_train_py_trains_on(tmp_path):
     import sys
 
     from helpers import ROOT, TEST_LINE, run_here, train
-    from vit.folders import write_fake_raw
+    from vit.data.folders import write_fake_raw
 
     root, out = write_fake_raw(tmp_path / "data", per_class=30, test_per_class=10), tmp_path / "folders"
     run = [sys.executable, str(ROOT / "scripts/folders.py"), "--root", str(root), "--out", str(out)]
@@ -186,7 +186,7 @@ def test_lightning_ends_the_folder_loaders_workers_with_its_stage_and_the_loader
     from lightning.pytorch.utilities import CombinedLoader
     from torch.utils.data import DataLoader
 
-    from vit.data import SkipUnreadable
+    from vit.data.datamodules import SkipUnreadable
 
     before = set(multiprocessing.active_children())
     wrapped = SkipUnreadable(DataLoader(list(range(8)), batch_size=2, num_workers=1, persistent_workers=True), None)
@@ -323,7 +323,7 @@ def test_an_earlier_versions_checkpoint_keeps_the_split_it_drew(folders, caplog)
     resumed with the split that version drew at every start, said in one line."""
     import logging
 
-    from vit.data import stratified_split
+    from vit.data.datamodules import stratified_split
 
     caplog.set_level(logging.INFO)
     dm = ImageFolderDataModule(root=str(folders), image_size=16, num_workers=0, val_size=4, seed=3)

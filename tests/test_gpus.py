@@ -1,4 +1,4 @@
-"""GPUs on a cluster (vit.gpus): GPUs allocated that torch cannot use stop the run with one line (exit 2),
+"""GPUs on a cluster (vit.cluster.gpus): GPUs allocated that torch cannot use stop the run with one line (exit 2),
 and NCCL's timeouts reach the main thread."""
 
 import os
@@ -13,7 +13,7 @@ QUIET = ["--trainer.logger", "false", "--test_after_fit", "false"]
 
 
 def test_nccl_errors_reach_the_main_thread_unless_the_user_chose(monkeypatch):
-    from vit.gpus import nccl_errors_reach_python
+    from vit.cluster.gpus import nccl_errors_reach_python
 
     monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
     nccl_errors_reach_python()

@@ -34,7 +34,7 @@ def test_timm_loads_the_export_with_equal_logits_labels_and_preprocessing(traine
     import timm
     from timm.data import create_transform, resolve_data_config
 
-    from vit.inference import load_classifier
+    from vit.inference.classifier import load_classifier
 
     ours = load_classifier(trained_checkpoint)
     theirs = timm.create_model(f"local-dir:{timm_folder}", pretrained=True).eval()
@@ -103,7 +103,7 @@ def test_onnx_is_one_file_taking_uint8_images(trained_checkpoint, tmp_path):
     import onnx
     import onnxruntime
 
-    from vit.inference import load_classifier
+    from vit.inference.classifier import load_classifier
 
     assert run_here("export.py", "--checkpoint", trained_checkpoint,
                     "--output", tmp_path / "model.safetensors").returncode == 0
@@ -135,8 +135,8 @@ def test_onnx_without_its_extra_is_one_line_before_any_work(tmp_path, monkeypatc
 def test_finetune_from_a_timm_folder_takes_its_weights_and_normalisation(timm_folder):
     from types import SimpleNamespace
 
-    from vit.model import ViTConfig
-    from vit.module import ViTClassifier
+    from vit.models.model import ViTConfig
+    from vit.training.module import ViTClassifier
 
     config = json.loads((timm_folder / "config.json").read_text())
     source = f"local-dir:{timm_folder}"

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from vit import configs, launch, run_lock, runs
+from vit import configs
+from vit.cluster import launch, run_lock, runs
 
 SLURM_JOB = {"SLURM_JOB_ID": "77", "SLURM_NTASKS": "4", "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS_PER_NODE": "2",
              "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_JOB_NAME": "vit-cifar10",
@@ -60,7 +61,7 @@ def test_torchrun_names_the_run_and_gives_the_allocation(no_launcher):
 @pytest.mark.parametrize("recipe", configs.names())
 def test_every_recipe_takes_devices_and_nodes_from_the_slurm_allocation(recipe, no_launcher, tmp_path):
     """A 2-node × 2-task job: whatever the recipe says (smoke and cpu: devices 1), the Trainer gets 2 × 2,
-    DDP with --ddp_timeout, and Lightning's own SLURM requeue handler off (vit.guards.StopOnSignal)."""
+    DDP with --ddp_timeout, and Lightning's own SLURM requeue handler off (vit.training.guards.StopOnSignal)."""
     from lightning.pytorch.plugins.environments import SLURMEnvironment
     from lightning.pytorch.strategies import DDPStrategy
 
@@ -73,7 +74,7 @@ def test_every_recipe_takes_devices_and_nodes_from_the_slurm_allocation(recipe, 
                          "--trainer.accelerator", "cpu"], [])
     trainer = cli.trainer
     assert (trainer.num_devices, trainer.num_nodes, trainer.world_size) == (2, 2, 4)
-    # the collectives' timeout is a backstop behind the watchdog's (vit.guards.Watchdog)
+    # the collectives' timeout is a backstop behind the watchdog's (vit.training.guards.Watchdog)
     assert isinstance(trainer.strategy, DDPStrategy) and trainer.strategy._timeout.total_seconds() == 42 + 60
     environment = trainer.strategy.cluster_environment
     assert isinstance(environment, SLURMEnvironment) and not environment.auto_requeue

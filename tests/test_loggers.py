@@ -1,4 +1,4 @@
-"""W&B as a cluster meets it (vit.loggers, vit.network): without credentials, or without a route to the W&B
+"""W&B as a cluster meets it (vit.training.loggers, vit.cluster.network): without credentials, or without a route to the W&B
 server (a compute node, a proxy in the way), a run logs offline with one line saying why, after a short wait
 at most; the credentials and the server are found as wandb finds them."""
 
@@ -90,7 +90,7 @@ PROXY_LIKE = [(407, b"<html>Proxy Authentication Required</html>", "407 Proxy Au
 
 @pytest.mark.parametrize("status, body", WANDB_LIKE)
 def test_an_answer_from_a_wandb_server_is_reachable(local_server, monkeypatch, no_proxy, status, body):
-    from vit.loggers import wandb_unreachable
+    from vit.training.loggers import wandb_unreachable
 
     local_server.status, local_server.body = status, body
     monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{local_server.server_port}/")
@@ -100,7 +100,7 @@ def test_an_answer_from_a_wandb_server_is_reachable(local_server, monkeypatch, n
 @pytest.mark.parametrize("status, body, said", PROXY_LIKE)
 def test_a_proxys_answer_is_not_a_wandb_server(local_server, monkeypatch, no_proxy, status, body, said):
     """A proxy or gateway answering in the server's place: offline, with what it answered."""
-    from vit.loggers import wandb_unreachable
+    from vit.training.loggers import wandb_unreachable
 
     local_server.status, local_server.body = status, body
     url = f"http://127.0.0.1:{local_server.server_port}"
@@ -121,7 +121,7 @@ def test_the_probe_trusts_the_ca_bundle_wandb_would_use(tmp_path, monkeypatch, n
     REQUESTS_CA_BUNDLE (wandb's Python client, requests) or SSL_CERT_FILE (its uploader, wandb-core)."""
     import ssl
 
-    from vit.loggers import wandb_unreachable
+    from vit.training.loggers import wandb_unreachable
 
     if shutil.which("openssl") is None:
         pytest.skip("making a certificate needs the openssl command")
@@ -150,7 +150,7 @@ def test_netrc_credentials_of_a_self_hosted_server_are_found_as_wandb_finds_them
     """`wandb login --host URL` keeps the key in the netrc file under the server's host:port (an older wandb,
     without its own reader, under the host name, read with requests' reader): the key of WANDB_BASE_URL's
     server counts, W&B's own server's entry does not count for it."""
-    from vit.loggers import wandb_credentials_present
+    from vit.training.loggers import wandb_credentials_present
 
     if not wandb_reader:
         monkeypatch.setitem(sys.modules, "wandb.sdk.lib.wbauth", None)  # (importing it raises ImportError)
@@ -179,8 +179,8 @@ def test_netrc_credentials_of_a_self_hosted_server_are_found_as_wandb_finds_them
 def test_the_server_wandb_login_host_saved_is_the_one_checked(tmp_path, monkeypatch):
     """`wandb login --host URL` saves the server in wandb's settings file and its key in the netrc file: without
     WANDB_BASE_URL, that server's key is the one looked for, and that server the one asked."""
-    from vit.loggers import wandb_base_url
-    from vit.loggers import wandb_credentials_present
+    from vit.training.loggers import wandb_base_url
+    from vit.training.loggers import wandb_credentials_present
 
     for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
@@ -229,7 +229,7 @@ def test_each_start_of_a_run_resumes_its_w_and_b_run(tmp_path, monkeypatch):
     start of the run (a resume, a requeued job) would replace the W&B run's history: the logger resumes it."""
     import wandb
 
-    from vit.loggers import WandbLogger
+    from vit.training.loggers import WandbLogger
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -246,7 +246,7 @@ def test_w_and_b_options_that_would_not_go_on_after_a_resume_are_refused(tmp_pat
     """Every start of a run logs to its one W&B run, going on after what it logged: a resume mode or a fork that
     would fail at a later start, replace the history or rewind it is refused in one line, before any work."""
     from vit.exits import ConfigError
-    from vit.loggers import WandbLogger
+    from vit.training.loggers import WandbLogger
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     with pytest.raises(ConfigError, match=f"^--trainer.logger.init_args.{option}"):

@@ -6,7 +6,7 @@ from einops import rearrange
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 import vit
-from vit.model import Block, ViTConfig
+from vit.models.model import Block, ViTConfig
 from learned import steps_to_fit_random_labels
 
 CONFIGS = [
@@ -108,11 +108,11 @@ def test_equivalent_to_timm_after_loading_its_weights(cfg):
 
 @pytest.mark.parametrize("new_grid", [(4, 4), (6, 6), (4, 6), (10, 10)])
 def test_e_pos_resampling_is_timms_as_a_matrix(new_grid):
-    """vit.model.resample_pos_embedding applies timm's resample_abs_pos_embed as a linear map: the same
+    """vit.models.model.resample_pos_embedding applies timm's resample_abs_pos_embed as a linear map: the same
     values and the same gradient, for smaller, larger and non-square grids."""
     from timm.layers import resample_abs_pos_embed
 
-    from vit.model import resample_pos_embedding
+    from vit.models.model import resample_pos_embedding
 
     torch.manual_seed(0)
     ours = torch.randn(1, 65, 24, requires_grad=True)
@@ -133,7 +133,7 @@ def test_e_pos_resampling_runs_in_float32_under_bf16_autocast(new_grid):
     E_pos at a smaller grid is that resampling."""
     from timm.layers import resample_abs_pos_embed
 
-    from vit.model import resample_pos_embedding
+    from vit.models.model import resample_pos_embedding
 
     torch.manual_seed(0)
     pos = torch.randn(1, 65, 24)

@@ -1,4 +1,4 @@
-"""vit.optim.Muon: timm's Muon step, batched — the same numbers, the same state, far fewer ops."""
+"""vit.training.optim.Muon: timm's Muon step, batched — the same numbers, the same state, far fewer ops."""
 
 import copy
 import io
@@ -11,8 +11,8 @@ import timm.optim.muon as timm_muon
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from vit.module import ViTClassifier
-from vit.optim import Muon
+from vit.training.module import ViTClassifier
+from vit.training.optim import Muon
 
 SMALL = dict(image_size=16, patch_size=4, dim=32, depth=2, heads=4, mlp_ratio=2.0)  # 4 matrix shapes per block
 DEFAULT = dict(image_size=32, patch_size=4, dim=192, depth=9, heads=12, mlp_ratio=2.0)  # the default recipe's

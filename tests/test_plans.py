@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from vit import plans, tables
+from vit import plans
+from vit.reporting import tables
 from vit.commands.train import ArgumentCheck
 from vit.commands.plan import main
 
@@ -409,14 +410,14 @@ def test_a_benchmark_task_has_its_reports_folder_and_one_srun_task_and_a_task_wi
 def test_submit_dry_run_writes_only_the_script_no_checkout_no_data(tmp_path, capsys, monkeypatch):
     """`submit --dry-run` names a commit's checkout, Fashion-MNIST's folders and a benchmark's report folder where
     the tasks will find them, and makes none of them: the script (in its folder) is the only thing written."""
-    import vit.cifar
-    import vit.folders
+    import vit.data.cifar
+    import vit.data.folders
 
     def fetch(*args, **kwargs):
         raise AssertionError("--dry-run fetched or converted data")
 
-    monkeypatch.setattr(vit.folders, "fashion_mnist_folders", fetch)
-    monkeypatch.setattr(vit.cifar, "download", fetch)
+    monkeypatch.setattr(vit.data.folders, "fashion_mnist_folders", fetch)
+    monkeypatch.setattr(vit.data.cifar, "download", fetch)
     head = git("rev-parse", "HEAD", cwd=ROOT)
     plan = write(tmp_path / "all.yaml", f"""args: [--config, smoke]
 runs:
@@ -466,7 +467,7 @@ def test_runs_at_once_are_refused_beyond_this_processes_cores_or_with_gpus_and_e
 
 
 def test_missing_cifar_is_fetched_once_before_any_run_and_a_failed_fetch_is_one_line(tmp_path, capsys, monkeypatch):
-    from vit import cifar
+    from vit.data import cifar
     from vit.exits import DatasetError
 
     def offline(root, *args):
@@ -707,7 +708,7 @@ def test_a_run_started_under_another_command_moves_aside_and_one_still_training_
     assert runner.settle([a]) == 0 and folder.is_dir()  # the same command: it continues
     write(plan, "args: [--config, smoke]\nruns: [{name: a, args: [--model.arch.depth, '2']}]\n")
     (a,) = plans.load(plan).runs
-    hold = ("import sys, time; from pathlib import Path; from vit import run_lock; run_lock.take(Path(sys.argv[1])); "
+    hold = ("import sys, time; from pathlib import Path; from vit.cluster import run_lock; run_lock.take(Path(sys.argv[1])); "
             "print('held', flush=True); time.sleep(300)")
     holder = subprocess.Popen([sys.executable, "-c", hold, str(folder)], stdout=subprocess.PIPE, text=True)
     try:

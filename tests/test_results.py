@@ -4,7 +4,8 @@ import json
 import subprocess
 from pathlib import Path
 
-from vit import plans, results
+from vit import plans
+from vit.training import results
 
 
 def git(repo: Path, *args: str) -> str:

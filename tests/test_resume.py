@@ -1,6 +1,6 @@
 """No work lost beyond one step checkpoint's interval: a run killed mid-epoch, or stopped at an epoch's end,
 continues from its newest checkpoint (`--ckpt_path last`) to exactly the uninterrupted run's weights
-(vit.resume), in its own run folder and W&B run."""
+(vit.data.resume), in its own run folder and W&B run."""
 
 import multiprocessing
 import re

@@ -2,7 +2,7 @@
 batches cannot reach exactly (after skipped unreadable batches), one inside an optimizer step (a validation
 there wrote it), and a checkpoint of an earlier version whose global batch or split is not the resumed run's
 (or cannot be read from it) are refused before training with one line and exit 2, never rounded down to the
-batch before (vit.resume.check_global_batch). The splits that reach it resume exactly: tests/test_resume_split.py,
+batch before (vit.data.resume.check_global_batch). The splits that reach it resume exactly: tests/test_resume_split.py,
 tests/test_accumulation.py."""
 
 from types import SimpleNamespace
@@ -12,7 +12,7 @@ import torch
 
 from helpers import QUIET, TESTS, errors_of, load, train_here
 from vit.exits import ConfigError
-from vit.resume import (DataPosition, check_global_batch, earlier_accumulation, earlier_global_batch)
+from vit.data.resume import (DataPosition, check_global_batch, earlier_accumulation, earlier_global_batch)
 
 TINY = ["--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2", "--trainer.max_epochs", "2",
         "--trainer.logger", "false", "--test_after_fit", "false", *QUIET]
@@ -59,7 +59,7 @@ def test_the_time_limit_looks_at_the_clock_where_optimizer_steps_end_only():
     (batch 3), where Lightning's own Timer stops; the state is kept under the Timer's key."""
     from lightning.pytorch.callbacks import Timer
 
-    from vit.resume import StepEndTimer
+    from vit.data.resume import StepEndTimer
 
     progress = SimpleNamespace(current=SimpleNamespace(processed=0), is_last_batch=False)
     trainer = SimpleNamespace(should_stop=False, accumulate_grad_batches=2, num_training_batches=8,
@@ -202,7 +202,7 @@ OLD = TESTS / "data" / "flat-options.ckpt"
 def test_an_earlier_versions_global_batch_and_accumulation_are_read_back():
     """tests/data/flat-options.ckpt: 80 images in 4 steps of 20 (its TrainingClock), and lr 0.01 stated for 128
     scaled to 0.0015625 (its scheduler): 20, with the options flat as it wrote them and grouped as they are read."""
-    from vit.checkpoints import read_checkpoint
+    from vit.models.checkpoints import read_checkpoint
 
     raw = torch.load(OLD, map_location="cpu", weights_only=False)
     assert "batches" in raw["CIFAR10DataModule"] and "step_images" not in raw["CIFAR10DataModule"]

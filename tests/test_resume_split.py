@@ -1,6 +1,6 @@
 """A resumed run may split its global batch (--data.batch_size × --trainer.accumulate_grad_batches, shared among
 the processes) otherwise than the run it continues, as the out-of-memory advice says: stopped at an epoch's end,
-killed or preempted mid-epoch, it ends with the uninterrupted run's optimizer steps and weights (vit.resume keeps
+killed or preempted mid-epoch, it ends with the uninterrupted run's optimizer steps and weights (vit.data.resume keeps
 the data's position in images). A changed global batch is refused before training. 1 process → 2 processes:
 tests/cluster/test_batches_ddp.py."""
 
@@ -136,11 +136,11 @@ def test_a_checkpoint_that_counted_loader_batches_resumes_in_its_own_split(tmp_p
 
 def test_a_checkpoint_that_counted_loader_batches_is_refused_in_another_accumulation():
     """An earlier version's checkpoint records no split; its accumulation is its batches per optimizer step, its
-    global batch its images trained per step (vit.callbacks.TrainingClock): the line names the split to resume in."""
+    global batch its images trained per step (vit.training.callbacks.TrainingClock): the line names the split to resume in."""
     from types import SimpleNamespace
 
     from vit.exits import ConfigError
-    from vit.resume import check_global_batch
+    from vit.data.resume import check_global_batch
 
     CIFAR10DataModule = type("CIFAR10DataModule", (SimpleNamespace,), {})  # (the name the state is kept under)
 

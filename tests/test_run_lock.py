@@ -1,4 +1,4 @@
-"""One process at a time trains in a run folder (vit.run_lock): a second one ends at once, naming the holder,
+"""One process at a time trains in a run folder (vit.cluster.run_lock): a second one ends at once, naming the holder,
 touching nothing (no draft removed); a lock left by a process that died is taken over; the other processes of a
 multi-process launch wait for their rank 0, or end with its line."""
 
@@ -16,10 +16,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from helpers import digest, train_here
-from vit import run_lock, runs
+from vit.cluster import run_lock, runs
 from vit.exits import RunError
 
-HOLD = ("import sys, time; from pathlib import Path; from vit import run_lock; run_lock.take(Path(sys.argv[1])); "
+HOLD = ("import sys, time; from pathlib import Path; from vit.cluster import run_lock; run_lock.take(Path(sys.argv[1])); "
         "print('held', flush=True); time.sleep(300)")
 
 
@@ -129,7 +129,7 @@ def test_a_record_of_this_launch_counts_once_read_alike_twice(tmp_path, monkeypa
     """A lock held over a record of this launch that names a checkpoint, as an earlier holder of the same launch
     left it (killed), while the new rank 0 has not yet written its own: the record, read alike twice, is taken only
     when it stays (here it does: the test holds the lock over it); a record that changes is read again."""
-    from vit.run_lock import identity
+    from vit.cluster.run_lock import identity
 
     run = tmp_path / "run"
     run.mkdir()
@@ -182,7 +182,7 @@ def test_the_holder_beats_while_it_holds_the_lock_and_another_node_reads_the_hea
     offline = run / "wandb" / "offline-run-20260101_000000-abcd1234"
     offline.mkdir(parents=True)
     (offline / "run-abcd1234.wandb").write_bytes(b"")
-    beating = ("import sys, time; from pathlib import Path; from vit import run_lock; "
+    beating = ("import sys, time; from pathlib import Path; from vit.cluster import run_lock; "
                "run_lock.take(Path(sys.argv[1]), heartbeat=0.2); print('held', flush=True); time.sleep(2.5); "
                "run_lock.release(); print('released', flush=True); time.sleep(300)")
     proc = subprocess.Popen([sys.executable, "-c", beating, str(run)], stdout=subprocess.PIPE, text=True)

@@ -1,4 +1,4 @@
-"""Run folders after a copy (vit.runs, vit.checkpoint_io): `--ckpt_path last` takes the newest checkpoint and the
+"""Run folders after a copy (vit.cluster.runs, vit.cluster.checkpoint_io): `--ckpt_path last` takes the newest checkpoint and the
 newest run by the time each checkpoint records, not by files' modification times, which `cp -r` resets (a run
 restarted from an earlier checkpoint follows its new branch); the best checkpoint is the one the run's checkpoint
 callback recorded; drafts of killed saves are removed when a run starts again; a file system that refuses to
@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from helpers import EVERY_STEP, SLURM_TASK, assert_same_training_state, load, train_here
-from vit import runs
-from vit.checkpoint_io import AtomicCheckpointIO, save_atomically
+from vit.cluster import runs
+from vit.cluster.checkpoint_io import AtomicCheckpointIO, save_atomically
 
 QUIET = ["--trainer.logger", "false", "--test_after_fit", "false"]
 # another process that takes the lock of the run folder argv[1] and keeps it; with argv[2], after argv[3] seconds it
 # names that checkpoint of the run in the lock's record, as process 0 does
-HOLD = ("import sys, time; from pathlib import Path; from vit import run_lock; run = Path(sys.argv[1]); "
+HOLD = ("import sys, time; from pathlib import Path; from vit.cluster import run_lock; run = Path(sys.argv[1]); "
         f"run_lock.take(run); sys.argv[2:] and (time.sleep(float(sys.argv[3])), run_lock.announce(run, "
         f"{runs.CHOSEN}=sys.argv[2])); print('held', flush=True); time.sleep(300)")
 SMALLER = ["--model.arch.dim", "32", "--model.arch.depth", "1", "--model.arch.heads", "2"]  # the smoke recipe, smaller
@@ -245,7 +245,7 @@ def test_only_process_zero_removes_drafts(tmp_path, monkeypatch):
     from, and removes nothing."""
     from lightning.pytorch.utilities import rank_zero_only
 
-    from vit import run_lock
+    from vit.cluster import run_lock
 
     checkpoints = tmp_path / "runs" / "x" / runs.CHECKPOINTS
     write(checkpoints / "last.ckpt", 4, saved=1.0)
@@ -277,7 +277,7 @@ def test_after_cp_r_last_takes_the_newest_checkpoint_that_records_its_time(tmp_p
     """Run x saved step.ckpt last; its best-epoch041 and all of run y were written before checkpoints recorded
     the time they were saved. A copy that renews every file's time (as `cp -r` does), the old files copied last:
     `--ckpt_path last` resumes run x from step.ckpt, not from a file that records no time."""
-    from vit import run_lock
+    from vit.cluster import run_lock
 
     no_launcher(monkeypatch)
     x = tmp_path / "runs" / "x" / runs.CHECKPOINTS
@@ -304,7 +304,7 @@ def test_process_zero_chooses_the_checkpoint_once_it_holds_the_folder(tmp_path, 
     it holds it, it chooses and writes its choice into the lock's record."""
     import json
 
-    from vit import run_lock
+    from vit.cluster import run_lock
     from vit.exits import RunError
 
     no_launcher(monkeypatch)

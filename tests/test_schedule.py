@@ -1,10 +1,10 @@
-"""The schedule (vit.schedule): warmup by steps, then the share of the run by steps or by the time budget,
+"""The schedule (vit.training.schedule): warmup by steps, then the share of the run by steps or by the time budget,
 whichever is further; the lr's position and the training image size follow it; its state resumes it."""
 
 import pytest
 
 from vit.exits import ConfigError
-from vit.schedule import Schedule, check_stages, image_size, progress
+from vit.training.schedule import Schedule, check_stages, image_size, progress
 
 
 def test_by_steps_warmup_then_the_cosine_then_the_end():

@@ -1,5 +1,5 @@
 """A training step issues few ops outside its compiled graphs and never waits on the host: torch.profiler's
-count (vit.step_profile) over steady steps of the fast recipe, run as a user runs it, on the CPU. On a GPU
+count (vit.training.step_profile) over steady steps of the fast recipe, run as a user runs it, on the CPU. On a GPU
 each such op is about one kernel launch and each ``aten::_local_scalar_dense`` a host sync."""
 
 import json
@@ -11,7 +11,7 @@ import torch
 
 from helpers import ROOT, TESTS
 
-PROFILE = ["--trainer.callbacks+", "vit.step_profile.StepProfile", "--trainer.callbacks.start", "4",
+PROFILE = ["--trainer.callbacks+", "vit.training.step_profile.StepProfile", "--trainer.callbacks.start", "4",
            "--trainer.callbacks.steps", "6", "--trainer.callbacks.stop", "true"]
 
 
@@ -34,7 +34,7 @@ def profile(cwd, data, out, *extra: str) -> dict:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from vit.cifar import write_fake
+    from vit.data.cifar import write_fake
 
     # 1,400 training images: 21 steps of 64 an epoch, so the profiled steps 4-9 are inside the first epoch
     return write_fake(tmp_path_factory.mktemp("cifar") / "data", per_batch=300, test_size=100)
@@ -55,7 +55,7 @@ def test_the_fast_recipes_step_reads_nothing_on_the_host(tmp_path, data):
 
 def test_the_count_sees_a_host_sync():
     """The counter itself: a ``.item()`` is a host sync, and its ops are counted once each."""
-    from vit.step_profile import count
+    from vit.training.step_profile import count
 
     def step(x):
         return (x * 2).sum().item()
@@ -86,8 +86,8 @@ def test_clipping_takes_torchs_norm_in_few_ops():
     leaves the gradients torch's clip_grad_norm_ leaves, and the divergence guard's norm is torch's."""
     from types import SimpleNamespace
 
-    from vit.module import ViTClassifier
-    from vit.optim import total_norm
+    from vit.training.module import ViTClassifier
+    from vit.training.optim import total_norm
 
     torch.manual_seed(0)
     module = ViTClassifier(arch={"dim": 16, "depth": 1, "heads": 2})

@@ -1,4 +1,4 @@
-"""A full disk or an exceeded quota where a run writes (vit.storage): one line, exit 6, and a run that the
+"""A full disk or an exceeded quota where a run writes (vit.cluster.storage): one line, exit 6, and a run that the
 command it names resumes exactly."""
 
 import os
@@ -63,7 +63,7 @@ def test_a_full_disk_is_one_line_and_the_resume_after_freeing_space_is_exact(tmp
 
 
 def test_the_resume_command_continues_the_same_run_folder(monkeypatch, tmp_path):
-    from vit.storage import resume_command
+    from vit.cluster.storage import resume_command
 
     argv = ["--config", "smoke", "--run", "x", "--ckpt_path=last", "--data.root", "data dir"]
     for key in ("SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_JOB_NAME"):

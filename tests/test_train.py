@@ -94,7 +94,7 @@ def test_smoke_run_logs_to_one_offline_wandb_run(smoke_run):
         assert key.encode() in data, key
     header = (run / "metrics.csv").read_text().splitlines()[0].split(",")
     assert {"epoch", "step", "val/acc", "train/loss", "test/acc"} <= set(header)
-    assert "class_path: vit.callbacks.Throughput" in (run / "config.yaml").read_text()  # ThroughputMonitor is on
+    assert "class_path: vit.training.callbacks.Throughput" in (run / "config.yaml").read_text()  # ThroughputMonitor is on
 
 
 @pytest.mark.long
@@ -131,7 +131,7 @@ def test_the_keys_training_md_names_are_the_ones_w_and_b_gets(smoke_run, tmp_pat
 
 def test_learning_is_real(smoke_run):
     """The generated task is learnable (class = colour): the smoke recipe is far above 10% chance. Over
-    seeds 0-5 (AMD EPYC, 2026-11-23, augmentation seeded per image: vit.resume) its best val was 0.92,
+    seeds 0-5 (AMD EPYC, 2026-11-23, augmentation seeded per image: vit.data.resume) its best val was 0.92,
     0.92, 0.92, 0.79, 0.85, 0.66: the worst is well above 0.4, four times chance."""
     cwd, _ = smoke_run
     best = next((cwd / "runs" / "smoke" / "version_0" / "checkpoints").glob("best-*.ckpt"))
@@ -365,7 +365,7 @@ def test_help_shows_the_named_recipes_defaults():
 def test_a_run_leaves_figures_drawn_from_its_logged_metrics(smoke_run, fake_cifar_session):
     from PIL import Image
 
-    from vit import report
+    from vit.reporting import report
 
     cwd, _ = smoke_run
     run = cwd / "runs" / "smoke" / "version_0"
@@ -394,14 +394,14 @@ def test_time_budget_schedule_decays_over_the_budget(tmp_path, fake_cifar_sessio
     """max_time cuts the run wherever it is: the cosine, laid over the budget, is near min_lr by then, and
     the resize stages end at their shares of the budget (one line at each switch)."""
     assert train_here(tmp_path, fake_cifar_session, "--trainer.max_epochs", "-1", "--trainer.max_time", "00:00:00:08",
-                      "--trainer.logger", "vit.loggers.CSVLogger", "--trainer.log_every_n_steps", "1",
+                      "--trainer.logger", "vit.training.loggers.CSVLogger", "--trainer.log_every_n_steps", "1",
                       "--test_after_fit", "false", "--model.schedule.resize_stages", "[[16, 0.3], [24, 0.6]]") == 0
     out = caplog.text
     assert "then cosine to 0.0001 at 8 s of training" in out and "Time limit reached" in out, out[-2000:]
     switches = re.findall(r"step (\d+): training on (\d+)-px images \((\d+) patch tokens\)", out)
     assert [(size, tokens) for _, size, tokens in switches] == [("16", "16"), ("24", "36"), ("32", "64")]
     assert 0 == int(switches[0][0]) < int(switches[1][0]) < int(switches[2][0])
-    from vit import report
+    from vit.reporting import report
 
     lr = [v for _, v in report.read_metrics(tmp_path / "runs/smoke/version_0/metrics.csv")["lr-AdamW/pg1"]]
     peak = 2e-3 * 50 / 128
@@ -444,6 +444,6 @@ def test_without_a_gpu_the_default_is_the_cpu_recipe(tmp_path, fake_cifar_sessio
 
 
 def flops_per_image_of_cpu_recipe() -> int:
-    from vit.model import ViTConfig, flops_per_image
+    from vit.models.model import ViTConfig, flops_per_image
 
     return flops_per_image(ViTConfig(dim=64, depth=4, heads=4, mlp_ratio=2.0))

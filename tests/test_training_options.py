@@ -49,9 +49,9 @@ def test_the_options_train_to_full_size_with_muon_and_the_ema(options_run):
 
 
 def test_the_ema_weights_are_tested_classified_and_exported(options_run, fake_cifar_session, tmp_path):
-    from vit.data import CIFAR10DataModule
-    from vit.inference import load_classifier
-    from vit.module import ViTClassifier
+    from vit.data.datamodules import CIFAR10DataModule
+    from vit.inference.classifier import load_classifier
+    from vit.training.module import ViTClassifier
 
     full, tested_line = options_run
     (best,) = (full / "runs/smoke/version_0/checkpoints").glob("best-*.ckpt")
@@ -78,8 +78,8 @@ def test_the_ema_weights_are_tested_classified_and_exported(options_run, fake_ci
 
 
 def test_muon_takes_exactly_the_blocks_matrices():
-    from vit.model import ViTConfig
-    from vit.module import OptimizerConfig, ViTClassifier
+    from vit.models.model import ViTConfig
+    from vit.training.module import OptimizerConfig, ViTClassifier
 
     module = ViTClassifier(arch=ViTConfig(dim=32, depth=3, heads=2), optimizer=OptimizerConfig(name="muon"))
     muon, decay, rest = module.param_groups(1e-3, 0.02)
@@ -99,7 +99,7 @@ def test_muon_runs_newton_schulz_in_the_dtype_asked_and_leaves_timm_as_it_was():
     restored after the step, and the recipe's is float32 on a CPU, bfloat16 on a GPU."""
     import timm.optim.muon as timm_muon
 
-    from vit.optim import Muon, ns_dtype
+    from vit.training.optim import Muon, ns_dtype
 
     assert ns_dtype(torch.device("cpu")) == torch.float32 and ns_dtype(torch.device("cuda")) == torch.bfloat16
     torch.manual_seed(0)
@@ -128,7 +128,7 @@ def test_a_progressive_resizing_checkpoint_classifies_at_full_size(options_run, 
     from PIL import Image
 
     from vit.commands.classify import main
-    from vit.inference import load_classifier
+    from vit.inference.classifier import load_classifier
 
     full, _ = options_run
     last = full / "runs/smoke/version_0/checkpoints/last.ckpt"

@@ -63,7 +63,7 @@ class RunFailed(RuntimeError):
 
 class LostProcesses(RuntimeError):
     """The processes of a multi-process run lost each other: a collective timed out or a peer died (exit 5).
-    A stuck process ends with the same status (vit.guards.Watchdog)."""
+    A stuck process ends with the same status (vit.training.guards.Watchdog)."""
 
 
 class StorageFull(RuntimeError):

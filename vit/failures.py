@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vit import exits
-from vit.memory import out_of_memory_message
-from vit.storage import storage_full, storage_message
+from vit.training.memory import out_of_memory_message
+from vit.cluster.storage import storage_full, storage_message
 
 
 @dataclass(frozen=True)

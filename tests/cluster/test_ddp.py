@@ -20,8 +20,8 @@ TRAIN = [str(ROOT / "scripts" / "train.py"), "--config", "smoke", *DATA_ARGS]
 
 
 def single_process_accuracy(ckpt: dict, data: Path, val_size: int) -> float:
-    from vit.data import CIFAR10DataModule
-    from vit.module import ViTClassifier
+    from vit.data.datamodules import CIFAR10DataModule
+    from vit.training.module import ViTClassifier
 
     model = ViTClassifier(**{k: v for k, v in ckpt["hyper_parameters"].items() if not k.startswith("_")})
     model.load_state_dict(ckpt["state_dict"])

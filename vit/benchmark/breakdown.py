@@ -15,7 +15,7 @@ from vit.benchmark.common import BenchmarkError
 from vit.benchmark.fast_paths import recipe_arch
 from vit.benchmark.report import format_table
 from vit.benchmark.step import PARTS, timed, training_step
-from vit.model import flops_per_image
+from vit.models.model import flops_per_image
 
 # torch.compile's options per mode (None: eager); "reduce-overhead" runs the compiled model in CUDA graphs
 MODES = {"eager": None, "compiled": {"dynamic": False}, "graphed": {"mode": "reduce-overhead", "dynamic": False}}
@@ -54,14 +54,14 @@ def kernels(events) -> list:
 
 def bench_breakdown(config, batch_size: int, device: torch.device, dtype: torch.dtype, steps: int, mode: str) -> dict:
     """``steps`` steady steps of ``training_step`` in ``mode`` (after WARMUP), with the recipe's Muon
-    (Newton–Schulz in ``vit.optim.ns_dtype(device)``), timed, then the same number again under torch.profiler
+    (Newton–Schulz in ``vit.training.optim.ns_dtype(device)``), timed, then the same number again under torch.profiler
     (CUDA's activities too where it is the device): ms per step of the timed steps (``step_ms``, and images/s
     and TFLOP/s from it) and of the profiled ones (``profiled_ms``), split into data, model, optimizer
     (``part_ms``) and the rest of it; kernel launches per step (on CUDA the kernels the GPU ran, a CUDA graph's
     each counted; elsewhere the aten ops outside compiled graphs that would launch one,
-    ``vit.step_profile.count``) and host syncs per step."""
-    from vit.optim import ns_dtype
-    from vit.step_profile import count
+    ``vit.training.step_profile.count``) and host syncs per step."""
+    from vit.training.optim import ns_dtype
+    from vit.training.step_profile import count
 
     step, model = training_step(config, batch_size, device, dtype, WARMUP + 2 * steps, MODES[mode], ns_dtype(device),
                                 parts=True, auto_augment="autoaugment")  # the recipes' device data path

@@ -8,8 +8,8 @@ import time
 import torch
 
 from vit.benchmark.report import format_table
-from vit.cifar import write_fake
-from vit.model import ViTConfig
+from vit.data.cifar import write_fake
+from vit.models.model import ViTConfig
 
 
 def bench_checkpoint(device: torch.device, repeats: int, interval_minutes: float = 10.0) -> list[dict]:
@@ -23,9 +23,9 @@ def bench_checkpoint(device: torch.device, repeats: int, interval_minutes: float
 
     import lightning as L
 
-    from vit.data import CIFAR10DataModule
-    from vit.module import ViTClassifier
-    from vit.resume import RNGStates
+    from vit.data.datamodules import CIFAR10DataModule
+    from vit.training.module import ViTClassifier
+    from vit.data.resume import RNGStates
 
     shapes = {"vit_cifar10": ViTConfig(dim=192, depth=9, heads=12, mlp_ratio=2.0),
               "cpu": ViTConfig(dim=64, depth=4, heads=4, mlp_ratio=2.0)}

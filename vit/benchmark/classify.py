@@ -8,7 +8,7 @@ import torch
 
 from vit.benchmark.common import write_checkpoint
 from vit.benchmark.report import format_table
-from vit.model import ViTConfig
+from vit.models.model import ViTConfig
 
 
 def bench_classify(n: int, workers: int) -> dict:
@@ -21,8 +21,8 @@ def bench_classify(n: int, workers: int) -> dict:
     import numpy as np
     from PIL import Image
 
-    from vit.images import find_images
-    from vit.inference import classify_files, load_classifier
+    from vit.data.images import find_images
+    from vit.inference.classifier import classify_files, load_classifier
 
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from vit.exits import ConfigError
-from vit.model import ViTConfig, VisionTransformer
+from vit.models.model import ViTConfig, VisionTransformer
 
 
 class BenchmarkError(ConfigError):
@@ -29,7 +29,7 @@ def scale(args) -> tuple[int, int, list[str], int]:
 
 def write_checkpoint(path, config: ViTConfig) -> None:
     """A checkpoint as vit-train writes it (weights + metadata), of an untrained model."""
-    from vit.preprocessing import Metadata
+    from vit.models.preprocessing import Metadata
 
     model = VisionTransformer(config)
     torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},

@@ -8,7 +8,7 @@ import torch
 
 from vit.benchmark.common import sync
 from vit.benchmark.report import format_table
-from vit.cifar import write_fake
+from vit.data.cifar import write_fake
 
 
 def _images_per_second(batches, device, limit: int) -> float:
@@ -33,9 +33,9 @@ def bench_data(device: torch.device, batch_size: int, workers: int, n: int) -> d
     import torchvision
     from torchvision import transforms as T
 
-    from vit.data import CIFAR10DataModule
-    from vit.device_data import DeviceBatches
-    from vit.preprocessing import CIFAR10_MEAN, CIFAR10_STD, Normalize
+    from vit.data.datamodules import CIFAR10DataModule
+    from vit.data.device_data import DeviceBatches
+    from vit.models.preprocessing import CIFAR10_MEAN, CIFAR10_STD, Normalize
 
     normalize = Normalize(CIFAR10_MEAN, CIFAR10_STD).to(device)
 

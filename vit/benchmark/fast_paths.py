@@ -7,7 +7,7 @@ import torch
 from vit.benchmark.common import scale
 from vit.benchmark.report import format_table
 from vit.benchmark.step import bench_training_step
-from vit.model import ViTConfig
+from vit.models.model import ViTConfig
 
 
 def recipe_arch(name: str) -> ViTConfig:

@@ -86,7 +86,7 @@ def bench_folders(images: int) -> dict:
     requeue's) against the walk and the check of every image (a first start's, in 2 threads as with
     --data.num_workers 2). The generated files are in the page cache: the first start reads them from
     memory, not from the disk, so its check is the least it costs."""
-    from vit.folder_index import index, walk
+    from vit.data.folder_index import index, walk
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

@@ -13,7 +13,7 @@ import torch
 from vit.benchmark.common import scale, sync
 from vit.benchmark.patch_embedding import bench_patch_embedding
 from vit.benchmark.report import format_table
-from vit.model import PRESETS, ViTConfig, VisionTransformer
+from vit.models.model import PRESETS, ViTConfig, VisionTransformer
 
 
 def timm_twin(model: VisionTransformer) -> torch.nn.Module:

@@ -9,7 +9,7 @@ import time
 import torch
 
 from vit.benchmark.common import sync
-from vit.model import PRESETS, ViTConfig, VisionTransformer
+from vit.models.model import PRESETS, ViTConfig, VisionTransformer
 
 
 def bench_patch_embedding(preset: str, batch_size: int, device: torch.device, rounds: int) -> dict:

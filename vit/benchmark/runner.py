@@ -34,7 +34,7 @@ def run(args) -> dict:
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[
         args.dtype if args.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")]
-    from vit.results import provenance
+    from vit.training.results import provenance
 
     deadline = time.monotonic() + 60 * args.minutes if args.minutes else None
     report = {**provenance(list(args.argv), "benchmark", device.type, 1), "torch": torch.__version__}

@@ -9,7 +9,7 @@ import torch
 
 from vit.benchmark.common import write_checkpoint
 from vit.benchmark.report import format_table
-from vit.model import PRESETS, ViTConfig
+from vit.models.model import PRESETS, ViTConfig
 
 
 def bench_startup(repeats: int) -> dict:

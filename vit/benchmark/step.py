@@ -11,7 +11,7 @@ import torch
 from vit.benchmark import peak
 from vit.benchmark.common import scale, sync
 from vit.benchmark.report import format_table
-from vit.model import PRESETS, ViTConfig, flops_per_image
+from vit.models.model import PRESETS, ViTConfig, flops_per_image
 
 PARTS = ("data", "model", "optimizer")  # the step's record_function ranges (training_step(parts=True))
 
@@ -27,9 +27,9 @@ def training_step(config: ViTConfig, batch_size: int, device: torch.device, dtyp
     in CUDA graphs, each step marked as one). ``parts``: the batch, normalise to backward, and the optimizer's
     step with zero_grad run in ``torch.profiler.record_function`` ranges named as PARTS. ``auto_augment``:
     DeviceBatches' AutoAugment after crop and flip (compiled with the model)."""
-    from vit.device_data import DeviceBatches
-    from vit.module import ViTClassifier
-    from vit.preprocessing import CIFAR10_MEAN, CIFAR10_STD, Normalize
+    from vit.data.device_data import DeviceBatches
+    from vit.training.module import ViTClassifier
+    from vit.models.preprocessing import CIFAR10_MEAN, CIFAR10_STD, Normalize
 
     torch.manual_seed(0)
     normalize = Normalize(CIFAR10_MEAN, CIFAR10_STD).to(device)
@@ -40,7 +40,7 @@ def training_step(config: ViTConfig, batch_size: int, device: torch.device, dtyp
     graphs = (compile_options or {}).get("mode") == "reduce-overhead"
     fused = {"fused": True} if device.type == "cuda" else {}
     if muon_ns:
-        from vit.optim import Muon
+        from vit.training.optim import Muon
 
         opt = Muon(module.param_groups(1e-4, 1e-4), lr=1e-4, weight_decay=0.05, ns_dtype=muon_ns)
     else:

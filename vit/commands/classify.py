@@ -20,8 +20,8 @@ import torch
 
 from vit.exits import ConfigError
 from vit.failures import exit_on_failure
-from vit.images import find_images
-from vit.inference import add_checkpoint_argument, classify_files, load_classifier
+from vit.data.images import find_images
+from vit.inference.classifier import add_checkpoint_argument, classify_files, load_classifier
 
 SCREENFUL = 40
 

@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from vit import cifar
+from vit.data import cifar
 from vit.failures import exit_on_failure
 
 

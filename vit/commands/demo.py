@@ -17,9 +17,9 @@ from pathlib import Path
 
 from vit.exits import MissingExtra
 from vit.failures import exit_on_failure
-from vit.images import find_images
-from vit.inference import add_checkpoint_argument, load_classifier
-from vit.rollout import HEAD_FUSIONS
+from vit.data.images import find_images
+from vit.inference.classifier import add_checkpoint_argument, load_classifier
+from vit.models.rollout import HEAD_FUSIONS
 
 
 def parse_args(argv):
@@ -36,10 +36,10 @@ def parse_args(argv):
 
 
 def build_page(clf, checkpoint: str, examples: list[Path]):
-    """The Gradio page: inputs, controls, and one HTML block of results (vit.demo.render)."""
+    """The Gradio page: inputs, controls, and one HTML block of results (vit.inference.demo.render)."""
     import gradio as gr
 
-    from vit.demo import MAX_IMAGES, PREDICTED, analyse, model_card, render
+    from vit.inference.demo import MAX_IMAGES, PREDICTED, analyse, model_card, render
 
     def show(files, head_fusion, discard_ratio, method, label):
         paths = [f if isinstance(f, str) else f.name for f in files or []]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from vit.exits import MissingExtra
 from vit.failures import exit_on_failure
-from vit.inference import add_checkpoint_argument, load_classifier
+from vit.inference.classifier import add_checkpoint_argument, load_classifier
 
 
 @exit_on_failure
@@ -38,13 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     if missing:  # an optional part: refused before any work, in one line
         raise MissingExtra(f"the ONNX export needs {' and '.join(missing)}: make install EXTRAS=onnx "
                            "(or pip install 'vit-lightning[onnx]')")
-    from vit import hub
-    from vit.export import export_onnx, export_safetensors
+    from vit.models import hub
+    from vit.inference.export import export_onnx, export_safetensors
 
     classifier = load_classifier(args.checkpoint)
     if fmt == "timm":
-        from vit.checkpoints import read_checkpoint
-        from vit.runs import run_of
+        from vit.models.checkpoints import read_checkpoint
+        from vit.cluster.runs import run_of
 
         path = Path(args.checkpoint)
         hparams = read_checkpoint(path).get("hyper_parameters", {}) if path.suffix == ".ckpt" else {}

@@ -71,7 +71,8 @@ def quick_dirs(results_dir: Path) -> tuple[Path, Path]:
 
 @exit_on_failure
 def main(argv: list[str] | None = None) -> int:
-    from vit import plans as plans_, tables
+    from vit import plans as plans_
+    from vit.reporting import tables
     from vit.exits import ConfigError
 
     try:

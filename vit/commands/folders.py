@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="a new or empty folder")
     p.add_argument("--download", action="store_true", help="fetch the files into ROOT first (torchvision)")
     args = p.parse_args(argv)
-    from vit.folders import fashion_mnist_folders
+    from vit.data.folders import fashion_mnist_folders
 
     written = fashion_mnist_folders(args.root, args.out, args.download)
     print(f"wrote {args.out}: " + ", ".join(f"{split}/ {n:,} images" for split, n in written.items()))

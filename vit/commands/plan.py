@@ -45,7 +45,7 @@ import sys
 from pathlib import Path
 
 from vit.failures import exit_on_failure
-from vit.runs import runs_folder
+from vit.cluster.runs import runs_folder
 
 
 def _parser() -> argparse.ArgumentParser:

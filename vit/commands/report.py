@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from vit import runs
+from vit.cluster import runs
 from vit.commands import train
 from vit.exits import RunError
 from vit.failures import exit_on_failure

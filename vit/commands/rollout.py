@@ -13,10 +13,10 @@ from pathlib import Path
 
 from vit.exits import ConfigError
 from vit.failures import exit_on_failure
-from vit.images import ImageError, find_images, load_image
-from vit.inference import add_checkpoint_argument, load_classifier
-from vit.rollout import HEAD_FUSIONS, explain
-from vit.visualize import save_figure, upsample
+from vit.data.images import ImageError, find_images, load_image
+from vit.inference.classifier import add_checkpoint_argument, load_classifier
+from vit.models.rollout import HEAD_FUSIONS, explain
+from vit.models.visualize import save_figure, upsample
 
 
 def parse_args(argv):

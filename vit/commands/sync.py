@@ -16,7 +16,7 @@ from pathlib import Path
 
 from vit import exits
 from vit.failures import exit_on_failure
-from vit.runs import runs_folder
+from vit.cluster.runs import runs_folder
 
 
 @exit_on_failure
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="searched whole for <run>/wandb/offline-run-*/ (default: $VIT_RUNS, else runs)")
     p.add_argument("--dry-run", action="store_true", help="list what would be uploaded, upload nothing")
     args = p.parse_args(argv)
-    from vit.sync import credentials_missing, offline_runs, upload
+    from vit.reporting.sync import credentials_missing, offline_runs, upload
 
     found = {run.folder: run for folder in args.folders for run in offline_runs(folder)}
     runs = sorted(found.values(), key=lambda run: (run.folder.name, str(run.folder)))
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 def still(trainer: dict) -> str:
     """Who trains a run, and what to do: trains as pid 12 on node7 (SLURM job 45), since ..., heartbeat 20 s ago;
     run vit-sync again once it has ended."""
-    from vit.run_lock import describe, heartbeat_age
+    from vit.cluster.run_lock import describe, heartbeat_age
 
     age = heartbeat_age(trainer)
     who = f"trains as {describe(trainer)}" if trainer else "its training holds the run folder's lock"

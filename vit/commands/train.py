@@ -28,16 +28,19 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.environments import LightningEnvironment
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
-from vit import configs, exits, failures, gpus, launch, loggers, report, results, run_lock, runs
-from vit.callbacks import LogConfig, run_callbacks
-from vit.guards import StopAfterMinutes, Watchdog
-from vit.progress import ProgressBar
-from vit.checkpoints import old_option, read_checkpoint, refuse_removed
-from vit.data import split_batch
+from vit import configs, exits, failures
+from vit.cluster import gpus, launch, run_lock, runs
+from vit.reporting import report
+from vit.training import loggers, results
+from vit.training.callbacks import LogConfig, run_callbacks
+from vit.training.guards import StopAfterMinutes, Watchdog
+from vit.training.progress import ProgressBar
+from vit.models.checkpoints import old_option, read_checkpoint, refuse_removed
+from vit.data.datamodules import split_batch
 from vit.exits import ConfigError, Stopped
-from vit.loggers import quiet_lightning
-from vit.module import ViTClassifier
-from vit.resume import StepEndTimer, check_global_batch, check_validation_interval
+from vit.training.loggers import quiet_lightning
+from vit.training.module import ViTClassifier
+from vit.data.resume import StepEndTimer, check_global_batch, check_validation_interval
 
 MODES = ("fit", "test")
 
@@ -50,7 +53,7 @@ def quiet_third_party() -> None:
     warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty", module="lightning")  # a resume
     warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system but is not used")  # a login node
     warnings.filterwarnings("ignore", message=r"Encountered `nan` values in tensor", module="torchmetrics")  # exit 3 says it
-    # vit.resume restores the train loader's position itself (Lightning restores stateful loaders too late for us)
+    # vit.data.resume restores the train loader's position itself (Lightning restores stateful loaders too late for us)
     warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
     quiet_lightning()
 
@@ -139,7 +142,7 @@ def settings_model_options(value: str) -> dict:
 
 def refuse_old_options(options: dict, where: str = "") -> None:
     """Model options of an earlier version (flat, or since removed), on the command line or in a recipe: one
-    line that says where each is now, or why it left (vit.checkpoints.old_option)."""
+    line that says where each is now, or why it left (vit.models.checkpoints.old_option)."""
     said = [line for key, value in options.items() if (line := old_option(key, value))]
     if said:
         raise ConfigError(f"{where}{'; '.join(said)} (the model's options are grouped: optimizer, schedule, "
@@ -254,8 +257,8 @@ class ViTCLI(LightningCLI):
             raise cause from None
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
-        """The Trainer as configured, with the launch's strategy and plugins (vit.launch.parallelism) and
-        the run's own callbacks (vit.callbacks.run_callbacks)."""
+        """The Trainer as configured, with the launch's strategy and plugins (vit.cluster.launch.parallelism) and
+        the run's own callbacks (vit.training.callbacks.run_callbacks)."""
         config = self.config_init.trainer
         kwargs.update(launch.parallelism(config, self.config.ddp_timeout + Watchdog.BACKSTOP))
         if "strategy" in kwargs:
@@ -269,7 +272,7 @@ class ViTCLI(LightningCLI):
         return super().instantiate_trainer(**kwargs)
 
     def check_batch(self) -> None:
-        """The global batch splits among this run's processes (vit.data.split_batch), or is refused with one line
+        """The global batch splits among this run's processes (vit.data.datamodules.split_batch), or is refused with one line
         before any process starts."""
         if isinstance(getattr(self.datamodule, "batch_size", None), int):
             split_batch(self.datamodule.batch_size, self.trainer.world_size, self.model.mixes_pairs)
@@ -295,7 +298,7 @@ class ViTCLI(LightningCLI):
 
     def test(self, ckpt: str | None) -> None:
         """Test ``ckpt`` (None: the weights in memory) on one process, so each test image counts once; then the
-        run's record (vit.results) and figures (vit.report)."""
+        run's record (vit.training.results) and figures (vit.reporting.report)."""
         metrics = test_on_one_process(self.trainer, self.model, self.datamodule, ckpt)
         if metrics is None:  # (not rank zero)
             return
@@ -341,7 +344,7 @@ def test_on_one_process(trainer: L.Trainer, model, datamodule, ckpt: str | None)
 
 
 def tell_others(cli: ViTCLI | None, code: int, line: str) -> None:
-    """Under DDP, the other processes end with this one's status and line (vit.guards.Watchdog.tell_others)."""
+    """Under DDP, the other processes end with this one's status and line (vit.training.guards.Watchdog.tell_others)."""
     trainer = getattr(cli, "trainer", None)
     watchdog = next((c for c in getattr(trainer, "callbacks", []) if isinstance(c, Watchdog)), None)
     if watchdog is not None:

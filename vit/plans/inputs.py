@@ -63,7 +63,7 @@ class Inputs:
     def cifar(self, plan: Plan) -> None:
         """CIFAR-10 in the data root before any run starts (runs at once, or a job array's tasks, would each
         fetch it into one folder): downloaded once here when missing; --quick: generated."""
-        from vit import cifar
+        from vit.data import cifar
         from vit.exits import DatasetError
 
         if self.dry_run or not any(isinstance(job, Run) and job.data == "cifar" for job in plan.runs):
@@ -90,7 +90,7 @@ class Inputs:
         out = self.folders_path()
         if not out.is_dir() and not self.dry_run:
             from vit.exits import DatasetError
-            from vit.folders import fashion_mnist_folders, write_fake_raw
+            from vit.data.folders import fashion_mnist_folders, write_fake_raw
 
             if self.quick:
                 write_fake_raw(self.data_root)
@@ -104,6 +104,6 @@ class Inputs:
 
 def make_quick_data(root: Path) -> Path:
     """A small CIFAR-10 in the official format (a learnable task: each class has its colour), for --quick."""
-    from vit.cifar import write_fake
+    from vit.data.cifar import write_fake
 
     return write_fake(root)

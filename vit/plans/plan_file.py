@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from vit import results
+from vit.training import results
 from vit.exits import ConfigError, RunFailed, Stopped, status_of
 
 REPO = results.REPO

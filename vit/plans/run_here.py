@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vit import results
+from vit.training import results
 from vit.exits import ConfigError
 from vit.plans.inputs import Inputs
 from vit.plans.plan_file import DATA, REPO, STOPPED, Benchmark, Plan, PlanFailed, PlanStopped, Run
@@ -123,7 +123,8 @@ class Runner(Inputs):
         that a plan means the same wherever it is shown, submitted or run: a GPU machine's default where the plan
         gives its runs GPUs (resources.gpus), else this machine's (without a GPU, the cpu recipe). None for a run
         that names its recipe, or of another commit (that commit's vit-train picks, by its own defaults)."""
-        from vit import configs, gpus
+        from vit import configs
+        from vit.cluster import gpus
 
         if job.commit or configs.named_recipes(list(job.args)):
             return None
@@ -218,7 +219,7 @@ class Runner(Inputs):
             mine = self.differences(job, own) if own != record else copied
             started = self.started_differences(job) if copied is None and mine is None else None
             if started:  # no record yet: a run the plan started under another command, its checkpoints that run's
-                from vit import run_lock
+                from vit.cluster import run_lock
 
                 if (holder := run_lock.holder(folder)) is not None:
                     raise PlanFailed(f"{job.table}/{job.name} still trains under another command than the plan's now "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 
-from vit.launch import array_script
+from vit.cluster.launch import array_script
 from vit.plans.plan_file import REPO, Benchmark, Plan
 from vit.plans.run_here import Runner
 

@@ -7,7 +7,7 @@ import re
 import shlex
 import statistics
 
-from vit import results
+from vit.training import results
 from vit.plans.plan_file import Plan, Run
 
 

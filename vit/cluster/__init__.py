@@ -1,0 +1,1 @@
+"""Where a run runs: launchers, GPUs, the network, the disk, run folders and their lock, checkpoint writes."""

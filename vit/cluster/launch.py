@@ -1,0 +1,201 @@
+"""The launcher's allocation: whether SLURM or torchrun started this process, how many processes per node
+on how many nodes it allocated, and the name its processes share for their run folder. The only module
+that reads the launchers' environment variables."""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+from vit.exits import Stopped, status_of
+
+MAX_REQUEUES = 20  # an array task's requeues before it says how to continue instead (as train.sbatch's default)
+REQUEUER = "VIT_REQUEUER"  # what requeues this job when its run stops on SIGUSR1: set by the script that runs it
+# The batch shell of a job lives through a SIGUSR1 sent to it too (`scancel --full`, `--signal=B:...`): without a
+# trap bash dies of it (exit 138), and the job ends FAILED while its run, which got the signal from its step,
+# stops where it resumes. The trap does nothing itself; srun's step, which SLURM signals, stops the run.
+SHELL_TRAP = "trap : USR1  # the run stops on it; this shell stays to requeue the job"
+
+
+def requeuer() -> str | None:
+    """What requeues this job when its run stops where it resumes (exit 4), as the job's script says
+    (train.sbatch, a plan's job array); None: nothing said so."""
+    return os.environ.get(REQUEUER) or None
+
+
+def array_script(name: str, commands: list[str]) -> str:
+    """The body of a SLURM job array's script (``vit-plan submit``): task i runs ``commands[i]`` (a bash
+    command line) as one step (srun), which gets SIGUSR1 before a time limit or a preemption; a run that
+    stopped there (exit 4) requeues its task, which continues it."""
+    arms = "\n".join(f"  {i}) {command} ;;" for i, command in enumerate(commands))
+    return f"""set -euo pipefail
+{SHELL_TRAP}
+export {REQUEUER}={shlex.quote(f"the job array of {name} (vit-plan submit)")}
+echo "task ${{SLURM_ARRAY_TASK_ID}} of {name} (restart ${{SLURM_RESTART_COUNT:-0}}) on $(hostname): $(date -Is)"
+status=0
+case "${{SLURM_ARRAY_TASK_ID}}" in
+{arms}
+  *) echo "task ${{SLURM_ARRAY_TASK_ID}}: {name} has runs 0 to {len(commands) - 1}" >&2; exit 2 ;;
+esac
+if [ "$status" = {status_of(Stopped())} ]; then  # stopped at a step boundary, saved (SIGUSR1 before a time limit, a preemption)
+  if [ "${{SLURM_RESTART_COUNT:-0}}" -ge {MAX_REQUEUES} ]; then
+    echo "not requeueing task ${{SLURM_ARRAY_TASK_ID}}: requeued {MAX_REQUEUES} times; submit the plan again to continue"
+  else
+    echo "requeueing task ${{SLURM_ARRAY_TASK_ID}} (job ${{SLURM_JOB_ID}}): it resumes from its run folder"
+    scontrol requeue "${{SLURM_JOB_ID}}"
+  fi
+fi
+exit "$status"
+"""
+
+
+def slurm_job() -> str | None:
+    """The id of the SLURM batch job this process is a task of (Lightning's own test: srun's
+    SLURM_NTASKS, not an interactive allocation), whatever its number of tasks; else None."""
+    env = os.environ
+    if "SLURM_NTASKS" not in env or env.get("SLURM_JOB_NAME") in ("bash", "interactive"):
+        return None
+    if env.get("SLURM_ARRAY_JOB_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID")
+
+
+def torchrun_id() -> str | None:
+    """The rendezvous id of the torchrun launch this process belongs to, else None."""
+    env = os.environ
+    launched = all(k in env for k in ("TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE", "GROUP_RANK"))
+    return env["TORCHELASTIC_RUN_ID"] if launched and env["TORCHELASTIC_RUN_ID"] != "none" else None
+
+
+def attempt() -> str:
+    """The launcher's restart count of this launch ("0" at its first start; a requeued SLURM job counts up)."""
+    return os.environ.get("SLURM_RESTART_COUNT") or os.environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
+
+
+def launch_name() -> str | None:
+    """The shared name of a run whose processes an external launcher started: every SLURM job has its
+    own (one task or many), so a job never resumes or writes into another job's run."""
+    env, job, rdzv = os.environ, slurm_job(), torchrun_id()
+    if job:
+        return f"slurm-{job}"
+    if rdzv:
+        return f"torchrun-{rdzv}"
+    if int(env.get("WORLD_SIZE", 1)) > 1:
+        return f"launch-{env.get('MASTER_ADDR', 'localhost')}-{env.get('MASTER_PORT', 0)}"
+    return None
+
+
+def allocation() -> tuple[int, int] | None:
+    """(processes per node, nodes) as the launcher allocated them — a SLURM job's tasks, torchrun's
+    --nproc-per-node and --nnodes — or None when no launcher started this process."""
+    env = os.environ
+    if slurm_job():
+        nodes = int(env.get("SLURM_JOB_NUM_NODES", env.get("SLURM_NNODES", 1)))
+        return int(env["SLURM_NTASKS"]) // nodes, nodes
+    if torchrun_id():
+        per_node = int(env["LOCAL_WORLD_SIZE"])
+        return per_node, int(env["WORLD_SIZE"]) // per_node
+    return None
+
+
+def allocated_gpus() -> str | None:
+    """The GPUs this process was given, as the variable that says so (``CUDA_VISIBLE_DEVICES=0,1``, SLURM's
+    gres), or None when none was."""
+    env = os.environ
+    for key in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE"):
+        value = env.get(key, "").strip()
+        if value and value not in ("-1", "NoDevFiles") and not (key == "SLURM_GPUS_ON_NODE" and value == "0"):
+            return f"{key}={value}"
+    return None
+
+
+def join_torchrun_group(device_type: str, timeout_seconds: float) -> None:
+    """Under torchrun, make the default process group here, before Lightning would, with keys of its own
+    per attempt.
+
+    ``torchrun --max-restarts`` restarts the group against the same store, its agent's. Each worker
+    writes its address into that store; torch 2.14 keys them the same in every attempt, so a restarted
+    worker can read the address of a worker of the previous attempt and fail to connect (gloo:
+    "Connection refused" to a dead worker's port; reproduced with a 10-line torch script, no Lightning).
+    A ``PrefixStore`` named after torchrun's attempt keeps the attempts apart. Lightning then uses the
+    group it finds."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    if torchrun_id() is None or dist.is_initialized():
+        return
+    timeout = timedelta(seconds=timeout_seconds)
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":  # each attempt's rank 0 hosts a new store
+        dist.init_process_group(backend, timeout=timeout)
+        return
+    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    store = dist.PrefixStore(f"vit/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", agent)
+    dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                            timeout=timeout)
+
+
+def peers_store():
+    """A client of the store the process group was made with (its host: MASTER_ADDR, MASTER_PORT, as every
+    launcher sets them), for what the processes tell each other outside collectives (Watchdog); None without
+    a process group. Keys are per torchrun attempt (its agent's store outlives an attempt)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    env = os.environ
+    if not (dist.is_available() and dist.is_initialized()) or "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+        return None
+    try:
+        store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
+                              timeout=timedelta(seconds=30))
+    except dist.DistError:
+        return None
+    return dist.PrefixStore(f"vit/peers/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
+def apply_allocation(trainer) -> None:
+    """Under SLURM or torchrun the processes exist already: devices and nodes are the allocation's,
+    whatever the recipe says (one line says what it overrode)."""
+    allocated = allocation()
+    if allocated is None:
+        return
+    from lightning.pytorch.utilities import rank_zero_info
+
+    devices, nodes = allocated
+    overridden = [f"{key} {getattr(trainer, key)}" for key, value in (("devices", devices), ("num_nodes", nodes))
+                  if str(getattr(trainer, key)) != str(value)]
+    trainer.devices, trainer.num_nodes = devices, nodes
+    if devices * nodes > 1 and trainer.strategy == "auto":
+        trainer.strategy = "ddp"
+    job = slurm_job()
+    launcher = f"SLURM job {job}" if job else f"torchrun {torchrun_id()}"
+    rank_zero_info(f"{launcher}: {devices} process(es) per node on {nodes} node(s)"
+                   + (f" (the allocation's; the recipe's {' and '.join(overridden)} overridden)" if overridden else ""))
+
+
+def parallelism(trainer: dict, ddp_timeout: float) -> dict:
+    """The Trainer's strategy and plugins for this launch: DDP with ``ddp_timeout`` seconds on its process
+    group where more than one process trains;
+    checkpoints written atomically (vit.cluster.checkpoint_io); under SLURM, Lightning's own preemption handler off
+    (it deadlocks DDP: vit.training.guards.StopOnSignal handles SIGUSR1)."""
+    from datetime import timedelta
+
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    from vit.cluster.checkpoint_io import AtomicCheckpointIO
+
+    kwargs = {}
+    devices, nodes = trainer.get("devices", "auto"), trainer.get("num_nodes", 1)
+    count = devices if isinstance(devices, int) else len(devices) if isinstance(devices, list) else \
+        int(devices) if str(devices).isdigit() else 1
+    strategy = trainer.get("strategy", "auto")
+    if strategy == "ddp" or (strategy == "auto" and count * nodes > 1):
+        from lightning.pytorch.strategies import DDPStrategy
+
+        kwargs["strategy"] = DDPStrategy(timeout=timedelta(seconds=ddp_timeout))
+    plugins = trainer.get("plugins") or []
+    kwargs["plugins"] = [*(plugins if isinstance(plugins, list) else [plugins]), AtomicCheckpointIO(),
+                         *([SLURMEnvironment(auto_requeue=False)] if slurm_job() else [])]
+    return kwargs

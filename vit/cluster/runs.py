@@ -1,0 +1,320 @@
+"""Run folders: everything one training run writes — checkpoints, W&B files, metrics, the resolved
+config, the bad-file list, figures — lives in one folder, ``<root>/version_N`` (as Lightning's
+loggers number theirs). A new run claims the next version; a resumed run keeps its folder.
+
+Processes of one launch agree on the folder: Lightning's own DDP launcher passes it to the processes it
+starts (``VIT_RUN_DIR``); processes started by SLURM or torchrun name it after their launch
+(``slurm-<job id>``, ``torchrun-<run id>``), so a requeued job continues in its folder.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from vit.models.checkpoints import read_checkpoint
+from vit.exits import CheckpointError, RunError
+from vit.cluster.launch import launch_name
+
+CHECKPOINTS = "checkpoints"
+WANDB_ID = "wandb_id"
+LAST = "last.ckpt"  # at each epoch's end
+STEP = "step.ckpt"  # mid-epoch: every few minutes of training (base.yaml), and where a preempted job stopped
+ENV = "VIT_RUN_DIR"
+RUNS = "VIT_RUNS"
+RESUMES = "VIT_RESUMES"  # the checkpoint the process that set ENV resumes from ("": none), for those it starts
+CHOSEN = "resumes_from"  # in the lock's record (vit.cluster.run_lock): process 0's checkpoint, its name in CHECKPOINTS
+
+
+def runs_folder() -> Path:
+    """The folder that holds the runs by default: ``VIT_RUNS`` (a scratch folder, say), else ``runs`` in the
+    working folder. vit-train's runs go to ``<it>/<recipe>/`` (unless --trainer.default_root_dir names a
+    root), vit-plan's and vit-figures' to ``<it>/<plan>/`` and ``<it>/figures/`` (unless --runs names a
+    folder), and vit-sync searches it."""
+    return Path(os.environ.get(RUNS) or "runs")
+
+
+def wandb_id(run: Path, known: str | None = None) -> str:
+    """The W&B run id of this run folder: fixed the first time it is asked for (``known``: the id an older
+    checkpoint carries, else a new random one) and kept in ``<run>/wandb_id``, so that every attempt —
+    a resume, a requeued job preempted before any checkpoint, each process of a job — logs to one W&B run.
+    Atomic: processes asking at once all read the one id that was written first."""
+    import secrets
+
+    path = run / WANDB_ID
+    if not path.is_file():
+        draft = run / f".{WANDB_ID}.{os.getpid()}.{secrets.token_hex(4)}"
+        # a new id starts with a letter, so that config.yaml's readers take it back as a string (an id of
+        # hex digits such as 65e28918 read back as a float: vit-report failed on 1 run in about 25)
+        new = secrets.choice("abcdfghijklmnopqrstuvwxyz") + secrets.token_hex(4)
+        draft.write_text((known or new) + "\n")
+        try:
+            os.link(draft, path)  # fails if another process linked its id first
+        except FileExistsError:
+            pass
+        finally:
+            draft.unlink()
+    return path.read_text().strip()
+
+
+def sweep_run_id() -> str | None:
+    """The W&B run id a W&B sweep's agent gave the run it started (WANDB_RUN_ID beside WANDB_SWEEP_ID), else
+    None: that run's folder keeps it (``wandb_id``), and its WandbLogger leaves the id to W&B."""
+    return os.environ.get("WANDB_RUN_ID") or None if os.environ.get("WANDB_SWEEP_ID") else None
+
+
+def saved_step(path: Path) -> tuple[int, float | None] | None:
+    """(optimizer steps, the time it was saved when it records one) of a checkpoint, read lazily: torch.load
+    with ``mmap`` reads the file's pickle and maps its tensors without reading them, so the cost does not
+    grow with the size of the weights. None when reading fails (a torn or corrupt file, which
+    ``read_checkpoint`` then names) or the file holds no step."""
+    import torch
+
+    from vit.cluster.checkpoint_io import SAVED_AT
+
+    ckpt = None
+    for lazily in (True, False):  # (a file system that cannot map files: read it whole)
+        try:
+            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=lazily)
+            break
+        except Exception:  # noqa: BLE001 - a corrupt file can fail anywhere in torch.load; read_checkpoint says why
+            continue
+    step = ckpt.get("global_step") if isinstance(ckpt, dict) else None
+    if not isinstance(step, int):
+        return None
+    saved = ckpt.get(SAVED_AT)
+    return step, saved if isinstance(saved, float) else None
+
+
+def recency(path: Path, known: tuple[int, float | None] | None = None) -> tuple[int, float]:
+    """How recently a checkpoint was saved, as a key that sorts the newest last: (1, the time it records,
+    ``saved_at``), which a copy (``cp -r``) keeps; else (0, its file's modification time), for a file that records
+    no time (written by another tool or an older version): a copy renews that time, so such a file never
+    outranks one that records its own. ``known``: its ``saved_step``, when read already."""
+    known = known if known is not None else saved_step(path)
+    return (1, known[1]) if known and known[1] is not None else (0, path.stat().st_mtime)
+
+
+def checkpoints(run: Path) -> list[Path]:
+    """The run's checkpoints (last.ckpt at each epoch's end, step.ckpt mid-epoch, the best ones), the newest
+    first (``recency``): by the time each records it was saved, so that a run restarted from an earlier
+    checkpoint in its folder goes on along its new branch, even while files of the abandoned one hold more
+    steps; the files that record no time after all those that do, by their modification times. At equal times
+    step.ckpt and last.ckpt come before the best ones. A file whose step cannot be read comes first: each was
+    written whole or not at all (vit.cluster.checkpoint_io), but a file copied, restored or written by another tool may
+    still be torn, and ``newest_readable`` skips it and names it."""
+    folder = run / CHECKPOINTS
+    found = [p for p in folder.glob("*.ckpt") if p.is_file()] if folder.is_dir() else []
+    steps = {p: saved_step(p) for p in found}
+
+    def order(path: Path) -> tuple:
+        if steps[path] is None:
+            return (0, path.name)
+        recorded, when = recency(path, steps[path])
+        return (1, -recorded, -when, path.name not in (STEP, LAST), path.name != LAST, -steps[path][0], path.name)
+
+    return sorted(found, key=order)
+
+
+def last_checkpoint(run: Path) -> Path | None:
+    """The run's newest checkpoint (``checkpoints``), read or not."""
+    return next(iter(checkpoints(run)), None)
+
+
+def best_checkpoint(run: Path) -> Path | None:
+    """The run's best checkpoint, as its ModelCheckpoint that monitors a metric recorded it (``best_model_path``
+    in the callbacks' state of the newest checkpoint that reads), found in the run's own checkpoints folder (a
+    copied run's records name the folder it was written in); the newest checkpoint when no callback monitors
+    one; None when the run has none. RunError when the recorded file is gone."""
+    found = newest_readable(run)
+    if found is None:
+        return None
+    path, ckpt, _ = found
+    states = ckpt.get("callbacks") if isinstance(ckpt.get("callbacks"), dict) else {}
+    best = next((state["best_model_path"] for state in states.values() if isinstance(state, dict)
+                 and state.get("monitor") and state.get("best_model_path")), None)
+    if best is None:
+        return path
+    here = run / CHECKPOINTS / Path(best).name
+    if not here.is_file():
+        raise RunError(f"{run}: its best checkpoint, {Path(best).name} (by {path.name}'s record), is not in "
+                       f"{run / CHECKPOINTS}")
+    return here
+
+
+def newest_readable(run: Path) -> tuple[Path, dict, str] | None:
+    """(path, checkpoint, a line naming each file before it skipped and why, or "") of the first checkpoint
+    of ``checkpoints`` (the newest) that reads; None when the run has none; RunError when it has some
+    and none reads."""
+    skipped = []
+    for path in checkpoints(run):
+        try:
+            return path, read_checkpoint(path), "".join(f"; skipped {reason}" for reason in skipped)
+        except CheckpointError as e:
+            skipped.append(str(e))
+    if skipped:
+        raise RunError(f"{run}: no checkpoint of this run reads ({'; '.join(skipped)}): move them away to "
+                       f"start the run anew, or resume from a copy with --ckpt_path FILE")
+    return None
+
+
+def newest_run(root: Path) -> Path | None:
+    """The run under ``root`` whose latest checkpoint was saved last (``recency``: by the time each checkpoint
+    records, which a copy of the runs (``cp -r``) keeps, where it renews the files' modification times)."""
+    latest = {}
+    for run in root.iterdir() if root.is_dir() else ():
+        found = [p for p in (run / CHECKPOINTS).glob("*.ckpt") if p.is_file()] if run.is_dir() else []
+        if found:
+            latest[run] = max(recency(p) for p in found)
+    return max(latest, key=latest.get, default=None)
+
+
+def run_of(checkpoint: Path) -> Path | None:
+    """The run folder a checkpoint was written into, if it sits in one (``<run>/checkpoints/*.ckpt``)."""
+    return checkpoint.resolve().parent.parent if checkpoint.resolve().parent.name == CHECKPOINTS else None
+
+
+def claim_new_version(root: Path) -> Path:
+    """Create and return ``root/version_N`` for the next free N (atomic: two runs never share one)."""
+    root.mkdir(parents=True, exist_ok=True)
+    taken = [int(d.name.removeprefix("version_")) for d in root.glob("version_*")
+             if d.name.removeprefix("version_").isdigit()]
+    n = max(taken, default=-1) + 1
+    while True:
+        try:
+            (root / f"version_{n}").mkdir()
+            return root / f"version_{n}"
+        except FileExistsError:
+            n += 1
+
+
+def resolve(root: Path, ckpt_path: str | None, name: str | None) -> tuple[Path, str | None, str]:
+    """(run folder, one line to print or None, how it was found: "" or " (the newest run under ROOT)") for a
+    ``fit``; with ``ckpt_path`` "last" the checkpoint is chosen once the folder is held (``choose_last``), and a
+    line naming it replaces the first.
+
+    ``ckpt_path``: None (a new run), "last" (the newest readable checkpoint of the newest run of ``root``, or
+    of the run ``name``), or a file (its own run folder when it sits in one). ``name``: a run folder
+    under ``root`` chosen by the user.
+    """
+    shared = os.environ.get(ENV)
+    if shared:  # a process started by Lightning's DDP launcher: the launching process chose
+        return Path(shared), None, ""
+    fixed = name or launch_name()
+    if ckpt_path and ckpt_path != "last":
+        ckpt = Path(ckpt_path)
+        run = root / fixed if fixed else run_of(ckpt) or claim_new_version(root)
+        run.mkdir(parents=True, exist_ok=True)
+        return run, f"resuming from {ckpt}; this run writes into {run}", ""
+    if fixed:
+        run = root / fixed
+        if ckpt_path != "last" and name and last_checkpoint(run):
+            raise RunError(f"--run {name}: {run} holds a run already; resume it with --ckpt_path last, "
+                           f"or choose another name")
+        run.mkdir(parents=True, exist_ok=True)
+        return run, None, ""
+    if ckpt_path == "last":
+        run = newest_run(root)
+        if run is not None:
+            return run, None, f" (the newest run under {root})"
+        return claim_new_version(root), \
+            f"--ckpt_path last: no run under {root} has a checkpoint yet; starting a new run", ""
+    return claim_new_version(root), None, ""
+
+
+def choose_last(run: Path, told: dict | None) -> tuple[Path | None, dict | None, str]:
+    """(the checkpoint ``--ckpt_path last`` resumes from in ``run`` or None, that checkpoint read or None, the line
+    ``newest_readable`` gives), once this launch holds the folder (vit.cluster.run_lock). One process chooses, the others
+    take its choice, so that all resume from one file: process 0 (or the only one) chooses the newest that reads
+    and records it in its lock's record (``CHOSEN``), where the others of a SLURM or torchrun launch read it
+    (``told``: that record, None when they could not read it: they choose alike by the same rule, and say so);
+    those of Lightning's DDP launcher take the launching process's choice (``RESUMES``)."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from vit.cluster import run_lock
+
+    if os.environ.get(ENV) and RESUMES in os.environ:
+        given = os.environ[RESUMES]
+        return (Path(given), None, "") if given else (None, None, "")
+    if told is not None and CHOSEN in told:
+        return (run / CHECKPOINTS / Path(told[CHOSEN]).name, None, "") if told[CHOSEN] else (None, None, "")
+    path, ckpt, skipped = newest_readable(run) or (None, None, "")
+    if rank_zero_only.rank == 0:
+        run_lock.announce(run, **{CHOSEN: path and path.name})
+    elif not os.environ.get(ENV):
+        print(f"process 0 of this launch did not name the checkpoint it resumes from in {run}'s lock: this process "
+              f"chose {path.name if path else 'none'} by the same rule", file=sys.stderr, flush=True)
+    return path, ckpt, skipped
+
+
+def place_outputs(cfg, run: Path, known_wandb_id: str | None) -> None:
+    """Point the Trainer, every logger and every checkpoint callback without a folder at ``run``; W&B
+    logs to the run folder's own W&B run (vit.cluster.runs.wandb_id), whichever attempt this is (a W&B sweep's run:
+    the one its agent named)."""
+    cfg.trainer.default_root_dir = str(run)
+    loggers = cfg.trainer.logger
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        if not hasattr(logger, "init_args"):
+            continue
+        init = logger.init_args
+        init.save_dir = str(run)
+        if logger.class_path.startswith("lightning.") and logger.class_path.endswith(("CSVLogger", "TensorBoardLogger")):
+            init.name, init.version = "", ""  # metrics straight into the run folder
+        elif logger.class_path.endswith("WandbLogger"):
+            init.name = init.get("name") or f"{run.parent.name}/{run.name}"
+            init.id = init.get("id") or wandb_id(run, known_wandb_id or sweep_run_id())
+    for callback in cfg.trainer.callbacks or []:
+        if callback.class_path.endswith("ModelCheckpoint") and not callback.init_args.get("dirpath"):
+            callback.init_args.dirpath = str(run / CHECKPOINTS)
+
+
+def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict,
+                 claimed: list[Path]) -> tuple[Path, tuple[Path, dict] | None]:
+    """The run folder a fit writes into (``resolve``), and the checkpoint it resumes from with its contents
+    (None: a new run), checked to fit the command line's ``arch``; a folder this call created is appended to
+    ``claimed`` (removed again if the run never starts). Says which in one line.
+
+    One process at a time trains in a run folder (vit.cluster.run_lock): process 0 takes the folder before it reads a
+    checkpoint there, or ends with a line naming the process that holds it; the other processes of its launch
+    wait for it. Process 0, the holder, then deletes the drafts of saves killed in an earlier attempt
+    (vit.cluster.checkpoint_io): it alone writes checkpoints (Lightning saves on the global rank zero only), no training of
+    this run has begun, and no other process trains in the folder: no draft is a live save's."""
+    from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+
+    from vit.cluster import run_lock
+    from vit.cluster.checkpoint_io import remove_drafts
+    from vit.models.checkpoints import check_fits
+
+    given = read_checkpoint(ckpt_path) if ckpt_path not in (None, "last") else None
+    if given is not None:
+        check_fits(given, arch, ckpt_path)
+    existed = set(root.iterdir()) if root.is_dir() else set()
+    run, note, found = resolve(root, ckpt_path, name)
+    told = None
+    if os.environ.get(ENV):  # started by Lightning's launcher: the process that started it holds the folder
+        pass
+    elif rank_zero_only.rank == 0:
+        taken = run_lock.take(run)
+        if taken:
+            rank_zero_info(taken)
+        if run not in existed:  # (only a holder removes a folder it made that never started)
+            claimed.append(run)
+    else:
+        told = run_lock.wait_for_rank_zero(run, needs=CHOSEN if ckpt_path == "last" else None)
+    resume_from, ckpt = (Path(ckpt_path), given) if ckpt_path not in (None, "last") else (None, None)
+    if ckpt_path == "last":
+        resume_from, ckpt, skipped = choose_last(run, told)
+        if resume_from is not None:
+            note = f"resuming {run}{found} from its {resume_from.name}{skipped}"
+    resume = None
+    if resume_from is not None:
+        ckpt = ckpt or read_checkpoint(resume_from)
+        check_fits(ckpt, arch, ckpt_path)
+        resume = (resume_from, ckpt)
+    rank_zero_info(note or f"run folder: {run}")
+    if rank_zero_only.rank == 0 and (drafts := remove_drafts(run / CHECKPOINTS)):
+        rank_zero_info(f"removed {len(drafts)} draft(s) of checkpoint saves that were killed "
+                       f"({sum(size for _, size in drafts) / 1e6:.1f} MB) from {run / CHECKPOINTS}: "
+                       f"{', '.join(name for name, _ in drafts)}")
+    return run, resume

@@ -1,0 +1,162 @@
+"""Reading checkpoints safely: ``torch.load(weights_only=True)`` (a crafted pickle cannot run code),
+every failure turned into one CheckpointError that names the file and the reason. Light: torch only."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import NamedTuple
+
+from vit.exits import CheckpointError
+
+__all__ = ["CheckpointError", "read_checkpoint", "upgrade"]
+
+# The flat options of ViTClassifier before they were grouped (vit.training.module): old name → (group, field)
+MOVED = {"optimizer": ("optimizer", "name"), "lr": ("optimizer", "lr"), "lr_batch_size": ("optimizer", "lr_batch_size"),
+         "weight_decay": ("optimizer", "weight_decay"), "betas": ("optimizer", "betas"),
+         "muon_lr": ("optimizer", "muon_lr"),
+         "warmup_epochs": ("schedule", "warmup_epochs"), "min_lr": ("schedule", "min_lr"),
+         "resize_stages": ("schedule", "resize_stages"),
+         "label_smoothing": ("augmentation", "label_smoothing"), "mixup": ("augmentation", "mixup"),
+         "cutmix": ("augmentation", "cutmix"), "mix_prob": ("augmentation", "mix_prob"),
+         "random_erasing": ("augmentation", "random_erasing")}
+
+
+class Removed(NamedTuple):
+    """An option that left: the value that does what the code does now; what another value changed in a test
+    or a resumed run (None: nothing there: the first weights, in the checkpoint's weights by now, or the
+    rounding of Muon's update); why it left, for a command line or recipe that still names it."""
+
+    same: object
+    changed: str | None
+    why: str
+
+
+REMOVED = {
+    "pos_init": Removed("normal", None, "the sine-cosine start of E_pos measured no gain over timm's (docs/results.md)"),
+    "mimetic": Removed(None, None, "the mimetic initialisation lost at every scale measured (docs/results.md)"),
+    "muon_ns_dtype": Removed("auto", None, "Muon's Newton–Schulz iteration runs in bfloat16 on a GPU and in float32 "
+                                           "on a CPU"),
+    "decay": Removed("cosine", "a resumed run would continue with the cosine",
+                     "the linear decay measured no gain over the cosine (docs/results.md)"),
+    "tta_flip": Removed(False, "validation and test would no longer average each image's and its mirror image's "
+                               "logits (vit-classify --tta-flip still does)",
+                        "averaging each image with its mirror image doubled validation's cost, and measured with "
+                        "sin-cos E_pos and linear decay it lost 1.2 points (docs/results.md); vit-classify "
+                        "--tta-flip still does it")}
+
+
+def old_option(key: str, value=None) -> str | None:
+    """What to say of a model option ``key`` with ``value`` (``--model.KEY``, or ``model: KEY:`` in a recipe) of an
+    earlier version: where it is now, or why it left; None for an option of this version."""
+    if key in REMOVED:
+        return f"--model.{key} is no longer an option: {REMOVED[key].why}"
+    if key in MOVED and (key != "optimizer" or value in ("adamw", "muon")):  # (today's is a group)
+        group, field = MOVED[key]
+        shown = f" {value}" if isinstance(value, (str, int, float)) and str(value) else ""
+        return f"--model.{key}{shown} is --model.{group}.{field}{shown} now"
+    return None
+
+
+def todays_words(words: list[str]) -> tuple[list[str], list[str]]:
+    """A command line of any version (its words) → the same settings under today's option names: each flat
+    model option under its group (MOVED, as ``upgrade`` moves a checkpoint's), each option that left (REMOVED)
+    dropped. Second, the options that left with a value that did something else than the code does now
+    ("KEY VALUE"): what today's command line cannot say."""
+    import yaml
+
+    today, gone, i = [], [], 0
+    while i < len(words):
+        word = words[i]
+        key, equals, value = word.removeprefix("--model.").partition("=")
+        if not word.startswith("--model.") or (key not in REMOVED and key not in MOVED):
+            today.append(word)
+            i += 1
+            continue
+        if not equals:
+            value = words[i + 1] if i + 1 < len(words) else ""
+        i += 1 if equals else 2
+        if key in REMOVED:
+            try:
+                same = yaml.safe_load(value) == REMOVED[key].same
+            except yaml.YAMLError:
+                same = False
+            if not same:
+                gone.append(f"{key} {value}")
+        elif key == "optimizer" and value not in ("adamw", "muon"):  # (today's optimizer is a group)
+            today += [word] if equals else [word, value]
+        else:
+            group, field = MOVED[key]
+            today += [f"--model.{group}.{field}={value}"] if equals else [f"--model.{group}.{field}", value]
+    return today, gone
+
+
+def read_checkpoint(path: str | Path) -> dict:
+    """A training checkpoint (.ckpt) as a dict, validated to hold a state_dict, its model's options as they
+    are now (``upgrade``)."""
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "global" not in str(e).lower():  # not a code reference: just bytes that are no checkpoint
+            raise CheckpointError(f"{path}: not a readable checkpoint (corrupt pickle data)") from None
+        detail = next((line.strip() for line in str(e).splitlines() if "global" in line.lower()), "")
+        raise CheckpointError(f"{path}: refused, the checkpoint references code, not only weights and "
+                              f"plain data ({detail})") from None
+    except Exception as e:  # noqa: BLE001 - a corrupt file can fail anywhere in torch.load
+        raise CheckpointError(f"{path}: not a readable checkpoint ({type(e).__name__}: "
+                              f"{(str(e).splitlines() or [''])[0].split('. ')[0]})") from None
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
+        raise CheckpointError(f"{path}: not a vit training checkpoint (no state_dict)")
+    if isinstance(ckpt.get("hyper_parameters"), dict):
+        ckpt["hyper_parameters"] = upgrade(ckpt["hyper_parameters"])
+    return ckpt
+
+
+def upgrade(hparams: dict) -> dict:
+    """The model's options as a checkpoint of any version stores them → as ViTClassifier takes them now.
+
+    Flat options of earlier versions move into their group (MOVED). Options that left (REMOVED) are dropped;
+    one whose value changed a resumed run or a test is kept under ``_removed`` (as every key of the stored
+    options that is not one of the model's, it starts with "_") for ``refuse_removed``. Classify, rollout,
+    export and the demo read none of it: the weights, classes and normalisation are the checkpoint's."""
+    grouped: dict = {}
+    for key, value in hparams.items():
+        if key in REMOVED:
+            if REMOVED[key].changed and value != REMOVED[key].same:
+                grouped.setdefault("_removed", {})[key] = value
+        elif key in MOVED and not isinstance(value, dict):  # (today's optimizer is a group: a dict)
+            group, field = MOVED[key]
+            grouped.setdefault(group, {})[field] = value
+        else:
+            grouped[key] = value
+    return grouped
+
+
+def refuse_removed(ckpt: dict, name: str | None, resume: bool) -> None:
+    """A checkpoint written with an option that left and changed what a resumed run (``resume``) or a test
+    would do: one line naming it, instead of a run that silently does otherwise."""
+    removed = ckpt.get("hyper_parameters", {}).get("_removed", {})
+    changed = [(k, v) for k, v in removed.items() if resume or k == "tta_flip"]  # (a test does no update)
+    if changed:
+        said = "; ".join(f"--model.{k} {str(v).lower() if isinstance(v, bool) else v}, which this version no longer "
+                         f"has: {REMOVED[k].changed}" for k, v in changed)
+        raise CheckpointError(f"{name or 'the last checkpoint'}: written with {said}. Classify, roll out or export "
+                              f"it (its weights are read as before), or {'resume' if resume else 'test'} it with "
+                              f"the version that wrote it")
+
+
+def check_fits(ckpt: dict, arch: dict, name: str | None) -> None:
+    """A checkpoint to resume whose model does not fit the command line's ``arch``, or that was written with an
+    option that left and changed training (``refuse_removed``): one line naming the differences."""
+    refuse_removed(ckpt, name, resume=True)
+    theirs = ckpt.get("hyper_parameters", {}).get("arch", {})
+    diff = [f"{k}: checkpoint {theirs[k]!r}, command line {arch[k]!r}" for k in arch
+            if k in theirs and k != "num_classes" and theirs[k] != arch[k]]
+    if diff:
+        raise CheckpointError(f"{name or 'the last checkpoint'}: its model does not fit "
+                              f"this command line ({'; '.join(diff)})")

@@ -1,0 +1,359 @@
+"""What stops a run before its end, and how every process agrees on it: divergence (exit 3), SLURM's
+preemption signal and --stop_after_minutes (exit 4). Each decides at a step or epoch boundary that every
+process reaches, with one collective issued by all of them (vit.exits defines the statuses). And what
+ends a process that is stuck, which no collective can decide: the watchdog (exit 5)."""
+
+from __future__ import annotations
+
+import faulthandler
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from vit.exits import LostProcesses, Preempted, TrainingDiverged, status_of
+from vit.training.loggers import wandb_logger
+
+
+class Watchdog(L.Callback):
+    """A process that starts or finishes no batch (training, validation or test) for ``seconds`` is stuck:
+    in a data loader worker that never answers, in a read that never returns, or in a collective waiting
+    for a process that is. It prints one line and where each of its threads is, and exits 5, whatever its
+    main thread is doing. Without it, a single process would wait forever, and under DDP the stuck
+    process would be killed without a word by the launcher once the others' collectives time out (its
+    clock starts before theirs: the others go on until they wait for it; the collectives' own timeout is
+    a backstop ``BACKSTOP`` seconds later). Watches from ``setup`` to ``teardown`` of each stage (or an
+    exception's end of it), in a thread of its own; the waits it is for (a queue, a socket, a collective)
+    release the GIL, so the thread runs while the main thread is stuck.
+
+    Slow work is not a hang, and gets ``SLOW`` seconds (or ``seconds``, if longer), whatever ``seconds`` is:
+    a stage's start, up to ``on_fit_start`` / ``on_test_start`` (the model's setup, which loads pretrained
+    weights, and the restore of a checkpoint); every torch.compile compile of this process, wherever it is
+    (torch's own compile callbacks: tracing, the lazily compiled backward, CUDA graph recording); and the
+    first batch of each kind (training, validation, test) with inputs of a shape or a training image size
+    not seen before, where the model compiles, or recompiles for a resize stage
+    (``model.compile(dynamic=False)``: a graph per shape); in training, the batches of that optimizer step
+    (gradient accumulation's all-reduce is in the last). Every process sees the same shapes at the same
+    step, so one that finished compiling and waits in that batch's collectives for another gets the same
+    time; that wait is also bounded by the process group's own timeout (``seconds`` + ``BACKSTOP``), which
+    ends the run with exit 5 when the processes' compile times differ by more.
+
+    Under DDP it also tells the others why a process ended: a process that fails for a known cause (vit.exits:
+    statuses 2, 3, 4, 6, 7) writes its status and one line into the process group's store (``tell_others``);
+    the others' ``listen`` threads read it within ``POLL`` seconds and end with the same status and a line
+    that names that process and its reason, instead of waiting out their collectives' timeout."""
+
+    BACKSTOP = 60.0
+    SLOW = 3600.0  # a compile, a stage's start
+    POLL = 1.0  # how often the others' store is read
+    GRACE = 3.0  # a process that fails with the others, for the same cause, ends by itself meanwhile
+    ACKS = 10.0  # how long a failing process waits for the others to read its reason (rank 0 hosts the store)
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.stopped: threading.Event | None = None  # (made in setup: a callback stays picklable)
+        self.store = None  # the process group's store, under DDP (made in setup)
+        self.seen: set = set()  # the kinds and shapes of batches seen (compiled) in this process
+        self.window: tuple[str, int] | None = None  # a first batch's slow work, and the batches it lasts
+        self.alive()
+
+    def alive(self, *args, slow: str | None = None, **kwargs) -> None:
+        """Progress: the clock starts again, with ``SLOW`` seconds while the process does ``slow`` work."""
+        self.clock = (time.monotonic(), max(self.seconds, self.SLOW) if slow else self.seconds, slow)
+
+    on_validation_batch_end = on_test_batch_end = alive
+    on_fit_start = on_validation_start = on_test_start = alive  # a stage's start is over
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.batch_starts("training", batch, getattr(pl_module, "train_image_size", None),
+                          trainer.accumulate_grad_batches)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        # a first training batch's time lasts to its optimizer step: with gradient accumulation the processes
+        # wait for each other's compile in the all-reduce of the window's last batch
+        self.window = (self.window[0], self.window[1] - 1) if self.window and self.window[1] > 1 else None
+        self.alive(slow=self.window and self.window[0])
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self.batch_starts("validation", batch)
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self.batch_starts("test", batch)
+
+    def batch_starts(self, kind: str, batch, image_size: int | None = None, batches_per_step: int = 1) -> None:
+        parts = batch if isinstance(batch, (list, tuple)) else [batch]  # (images, labels): this project's batches
+        key = (kind, tuple((tuple(t.shape), t.dtype) for t in parts if isinstance(t, torch.Tensor)), image_size)
+        at = f" at {image_size} px" if image_size else ""
+        slow = None if key in self.seen else f"its first {kind} batch of this shape{at} (where torch.compile compiles)"
+        self.seen.add(key)
+        if kind == "training":  # (an evaluation batch's time ends with it)
+            self.window = (slow, batches_per_step) if slow else self.window
+            slow = self.window and self.window[0]
+        self.alive(slow=slow)
+
+    def compiles(self, *args) -> None:  # torch.compile starts compiling, in this thread (its callbacks
+        # take the compile's id in torch 2.14, nothing in older releases)
+        self.before = self.clock[2]
+        self.alive(slow="a torch.compile compile")
+
+    def compiled(self, *args) -> None:  # and ends: the batch's own time again (a first batch: slow still)
+        self.alive(slow=self.before)
+
+    def setup(self, trainer, pl_module, stage):
+        self.alive(slow="its start (the model's setup and weights, a checkpoint's restore)")
+        self.rank, self.world, self.stopped = trainer.global_rank, trainer.world_size, threading.Event()
+        self.before = None
+        torch._dynamo.callback_handler.register_start_callback(self.compiles)
+        torch._dynamo.callback_handler.register_end_callback(self.compiled)
+        threading.Thread(target=self.watch, args=(self.stopped,), name="vit-watchdog", daemon=True).start()
+        if self.store is None and trainer.world_size > 1:
+            from vit.cluster.launch import peers_store
+
+            self.store = peers_store()
+        if self.store is not None:
+            threading.Thread(target=self.listen, args=(self.stopped,), name="vit-peers", daemon=True).start()
+
+    def teardown(self, trainer, pl_module, stage=None):
+        if self.stopped is not None:
+            self.stopped.set()
+        handler = torch._dynamo.callback_handler
+        if self.compiles in handler.start_callbacks:
+            handler.remove_start_callback(self.compiles)
+            handler.remove_end_callback(self.compiled)
+
+    def on_exception(self, trainer, pl_module, exception):  # (Lightning calls no teardown then)
+        self.teardown(trainer, pl_module)
+
+    def watch(self, stopped: threading.Event) -> None:
+        while (left := (clock := self.clock)[0] + clock[1] - time.monotonic()) > 0:
+            if stopped.wait(min(left, self.POLL)):  # (a slow period's end shortens the limit)
+                return
+        _, limit, slow = clock
+        what = f"{slow} took over {limit:g} s" if slow else f"no batch started or finished in {limit:g} s"
+        allow = f"a --ddp_timeout over {limit:g}" if slow else "--ddp_timeout"
+        stream = sys.__stderr__
+        print(f"error: process {self.rank}: {what}: it is stuck, or waits in a collective for a process that is "
+              f"(that one says where it is). Where each of its threads is follows. Resume with --ckpt_path last; "
+              f"allow slower steps with {allow}.", file=stream, flush=True)
+        faulthandler.dump_traceback(file=stream, all_threads=True)
+        stream.flush()
+        os._exit(status_of(LostProcesses()))
+
+    def listen(self, stopped: threading.Event) -> None:
+        """Under DDP: end this process, with the same status, when another says that it failed."""
+        from torch.distributed import DistError
+
+        while not stopped.wait(self.POLL):
+            try:
+                if not self.store.check([FAILED]):
+                    continue
+                status, rank, line = self.store.get(FAILED).decode().split("\t", 2)
+            except DistError:  # the store's host (rank 0) is gone: the collectives say so
+                return
+            if int(rank) == self.rank or stopped.wait(self.GRACE):  # (this process ends by itself)
+                return
+            try:
+                self.store.add(READ, 1)
+            except DistError:
+                pass
+            print(f"error: process {self.rank}: process {rank} failed, and this one stopped with it instead of "
+                  f"waiting for it: {line}", file=sys.__stderr__, flush=True)
+            os._exit(int(status))
+
+    def tell_others(self, status: int, line: str) -> None:
+        """This process fails with ``status`` (a known cause, one line): the others end with it (``listen``).
+        The first to fail says it; this one waits up to ``ACKS`` seconds for the others to read it."""
+        import torch.distributed as dist
+        from torch.distributed import DistError
+
+        if self.store is None or not dist.is_initialized():  # (rank 0 tests alone after fit: the others are gone)
+            return
+        said = f"{status}\t{self.rank}\t{' '.join(line.split())}"
+        try:
+            if self.store.compare_set(FAILED, "", said).decode() != said:  # another process said it first
+                self.store.add(READ, 1)
+                return
+            deadline = time.monotonic() + self.ACKS
+            while self.store.add(READ, 0) < self.world - 1 and time.monotonic() < deadline:
+                time.sleep(0.1)
+        except DistError:  # the store's host is gone
+            pass
+
+
+FAILED, READ = "failed", "read"  # the first failure (status, rank, line); how many processes read it
+
+
+class StopOnNonFinite(L.Callback):
+    """Stop training with ``TrainingDiverged`` when the loss or the gradient norm becomes non-finite.
+
+    Every step is watched on the device (the first bad step and the last finite loss are kept there,
+    with no host sync); the host looks every ``every_n_steps`` steps, before each validation and at
+    the end of each epoch, so a checkpoint is never written after a bad step (and non-finite weights
+    are refused at every save in any case). Under DDP all ranks decide together.
+    """
+
+    def __init__(self, every_n_steps: int = 1):
+        self.every_n_steps = max(1, every_n_steps)
+        self.restored_loss = math.nan  # the last finite loss of the run this one resumes
+
+    def state_dict(self):
+        return {"last_finite_loss": float(self.last_finite) if hasattr(self, "last_finite") else math.nan}
+
+    def load_state_dict(self, state_dict):
+        self.restored_loss = state_dict.get("last_finite_loss", math.nan)
+
+    def on_train_start(self, trainer, pl_module):
+        device = pl_module.device
+        self.bad_step = torch.full((), -1, dtype=torch.long, device=device)
+        self.last_finite = torch.full((), self.restored_loss, device=device)
+        self.grads_finite = torch.ones((), dtype=torch.bool, device=device)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if str(trainer.precision).startswith("16"):  # fp16's grad scaler skips inf steps by design
+            return
+        from vit.training.optim import total_norm
+
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        if grads:
+            self.grads_finite = torch.isfinite(total_norm(grads))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        loss = (outputs["loss"] if isinstance(outputs, dict) else outputs).detach().float()
+        finite = torch.isfinite(loss) & self.grads_finite
+        first = (self.bad_step < 0) & ~finite
+        self.bad_step = torch.where(first, trainer.global_step - 1, self.bad_step)
+        self.last_finite = torch.where((self.bad_step < 0) & finite, loss, self.last_finite)
+        if trainer.global_step % self.every_n_steps == 0:
+            self.check(trainer)
+
+    def on_validation_start(self, trainer, pl_module):
+        if hasattr(self, "bad_step"):
+            self.check(trainer)
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.check(trainer)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        """A model with non-finite weights is never saved (``check`` has said why training stopped)."""
+        if not all(torch.isfinite(p).all() for p in pl_module.parameters()):
+            raise TrainingDiverged(f"training diverged by step {trainer.global_step} (epoch {trainer.current_epoch}): "
+                                   "the weights are not finite; no checkpoint was written")
+
+    def check(self, trainer) -> None:
+        if not trainer.strategy.reduce_boolean_decision(bool(self.bad_step >= 0), all=False):
+            return
+        step, last = int(self.bad_step), float(self.last_finite)
+        where = f"at step {step}" if step >= 0 else "on another process"
+        last = f"last finite loss {last:.4f}" if math.isfinite(last) else "no finite loss before it"
+        raise TrainingDiverged(
+            f"training diverged {where} (epoch {trainer.current_epoch}): the loss or the gradients became "
+            f"non-finite ({last}). Try a lower --model.optimizer.lr, a longer --model.schedule.warmup_epochs, "
+            f"or --trainer.precision 32-true. The checkpoints written before are kept; no test was run.")
+
+
+class StopOnSignal(L.Callback):
+    """Preemption on SLURM, handled where every process is at the same point: a step boundary.
+
+    SLURM sends SIGUSR1 before a time limit or a preemption (``#SBATCH --signal=SIGUSR1@90``); the
+    handler only notes it. Every ``every_n_steps`` steps all processes agree (one all-reduce) whether
+    any of them got it; if so every process writes the step checkpoint of that step together
+    (``<run>/checkpoints/step.ckpt``: weights, optimizer, schedule, EMA, loops, each process's data
+    position and RNG states; vit.data.resume) and stops with ``Preempted`` (exit 4), and the job's script
+    (scripts/slurm/train.sbatch, a plan's job array) requeues the job (same job id, same run folder). The requeued job resumes
+    from that checkpoint, mid-epoch, and ends with exactly the weights of an uninterrupted job. (Lightning's
+    own handler saves a checkpoint from inside the signal handler, issuing collectives in the middle of a
+    step while the other ranks wait in backward: a deadlock, Lightning #21406; vit.commands.train turns it
+    off.) Outside a SLURM job this does nothing."""
+
+    def __init__(self, every_n_steps: int = 1):
+        self.every_n_steps = max(1, every_n_steps)
+        self.job = None
+        self.signalled = False
+
+    def setup(self, trainer, pl_module, stage):
+        from vit.cluster.launch import slurm_job
+
+        self.job = slurm_job() if stage == "fit" else None
+        if self.job and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGUSR1, self._note)
+
+    def _note(self, signum, frame):
+        self.signalled = True
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        from vit.data.resume import at_epoch_end, at_step_end
+
+        # at an optimizer step's end (not inside an accumulation window); not at an epoch's last step (every
+        # process is there alike): its end-of-epoch checkpoint follows
+        if self.job and at_step_end(trainer) and trainer.global_step % self.every_n_steps == 0 \
+                and not at_epoch_end(trainer):
+            self.check(trainer)
+
+    def check(self, trainer) -> None:
+        from vit.cluster.runs import CHECKPOINTS, STEP
+
+        if not trainer.strategy.reduce_boolean_decision(self.signalled, all=False):
+            return
+        path = os.path.join(trainer.default_root_dir, CHECKPOINTS, STEP)
+        started = time.perf_counter()
+        trainer.save_checkpoint(path)  # every process: the checkpoint gathers each one's RNG states
+        seconds = time.perf_counter() - started
+        if trainer.is_global_zero and wandb_logger(trainer.loggers) is not None:
+            import wandb
+
+            if wandb.run is not None:  # the logger's run, if it started
+                wandb.run.mark_preempting()
+        from vit.cluster.launch import requeuer
+
+        by = requeuer()
+        then = (f"Requeued by {by} under the same id, it resumes from there." if by else
+                f"Requeued under the same id (scontrol requeue {self.job}, as scripts/slurm/train.sbatch does), "
+                "it resumes from there.")
+        raise Preempted(f"SLURM job {self.job} got SIGUSR1 (a time limit or preemption is near): stopped at step "
+                        f"{trainer.global_step}, in epoch {trainer.current_epoch}, and saved it to {path} "
+                        f"({seconds:.1f} s). {then}")
+
+
+class StopAfterMinutes(L.Callback):
+    """End this command in time for a wall-clock limit on it (a job's time limit, a short partition): at the end of
+    an epoch that validates, after its checkpoints, when the epochs to the next validation, each like the last
+    (+20 %, + 30 s for the test), would end past ``minutes`` since the process started. The CLI then exits 4 (vit.commands.train), and
+    ``--ckpt_path last`` continues the run exactly, its schedule and clock included. All processes
+    decide together on rank zero's clock. Not when the run would end anyway with that epoch."""
+
+    def __init__(self, minutes: float):
+        self.limit = 60 * minutes
+        self.stopped_at: int | None = None  # the epoch after which it stopped
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self.epoch_started = time.perf_counter()
+
+    def on_validation_end(self, trainer, pl_module):  # before ModelCheckpoint's (Lightning runs those last)
+        if trainer.sanity_checking or not hasattr(self, "epoch_started"):
+            return
+        epoch = time.perf_counter() - self.epoch_started
+        # the next look is at the next validation: --trainer.check_val_every_n_epoch epochs on
+        late = wall_seconds() + 1.2 * epoch * (trainer.check_val_every_n_epoch or 1) + 30 > self.limit
+        last = trainer.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= trainer.max_epochs
+        (late,) = [trainer.strategy.broadcast(late)]  # rank zero's clock decides for every process
+        if late and not last:
+            trainer.should_stop = True
+            self.stopped_at = trainer.current_epoch
+
+
+_IMPORTED = time.perf_counter()
+
+
+def wall_seconds() -> float:
+    """Seconds since this process started (a run continued across commands: the last command's) (Linux: /proc; elsewhere since this module was imported)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return uptime - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - _IMPORTED

@@ -1,0 +1,276 @@
+"""A run's record, ``results.json`` in its folder: what was measured (test top-1/top-5, best validation
+accuracy, epochs, steps, seconds, images/s) and what made it (recipe, command line, commit, machine,
+versions). Written when the test ends, after ``fit`` and by ``train.py test``; README's results tables
+are rendered from copies of these records (``vit.reporting.tables``).
+
+A record made from a tree with uncommitted changes says ``"dirty": true`` and names the file beside it that
+holds them (``"diff"``, ``keep_diff``). A field filled in by hand after the run is named under ``"corrected"``:
+``{"fields": [...], "from": "<the record they were copied from, relative to this one's folder>", "why": "..."}``;
+the tables mark both."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import platform
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+FILE = "results.json"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def tree(repo: Path) -> tuple[dict, bytes | None]:
+    """The commit checked out in ``repo`` and whether its tracked files differ from it (``dirty``), with, when
+    they do, those changes: ``git diff --binary HEAD`` (``git apply`` takes it) after a preamble that names the
+    commit and lists the untracked files, which the diff leaves out (their names only). None and None outside
+    a git checkout (an installed wheel: its version says what ran). results/ is left out of both: it holds
+    records, what measuring writes, not code that runs."""
+    def git(*args: str) -> bytes | None:  # (bytes: a diff is not always UTF-8, nor its line ends \n)
+        try:
+            out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout if out.returncode == 0 else None
+
+    def text(out: bytes | None) -> str | None:
+        return None if out is None else out.decode(errors="surrogateescape")
+
+    code = ("--", ".", ":!results")
+    if not (repo / ".git").exists() or (sha := text(git("rev-parse", "HEAD"))) is None:
+        return {"commit": None, "dirty": None}, None
+    sha = sha.strip()
+    status = text(git("status", "--porcelain", "--untracked-files=no", *code))
+    if status is None:  # (git failed: whether the tree is clean is not known)
+        return {"commit": sha, "dirty": None}, None
+    if not status.strip():
+        return {"commit": sha, "dirty": False}, None
+    untracked = (text(git("ls-files", "--others", "--exclude-standard", *code)) or "").splitlines()
+    # the diff as `git apply` takes it, whatever the user's git configuration (colour, prefixes, external tools)
+    diff = git("diff", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", "--src-prefix=a/",
+               "--dst-prefix=b/", "HEAD", *code)
+    if diff is None:  # (git failed: the record says dirty, its tables "the diff was not kept")
+        return {"commit": sha, "dirty": True}, None
+    preamble = [f"The uncommitted changes to the tracked files of {sha} that made the record beside this file",
+                "(git diff --binary HEAD; `git apply` it in a checkout of that commit). Untracked files are not in it"
+                + (f"; there were {len(untracked)}:" if untracked else "; there were none."),
+                *(f"  {name}" for name in untracked), ""]
+    return {"commit": sha, "dirty": True}, ("\n".join(preamble) + "\n").encode(errors="surrogateescape") + diff
+
+
+@functools.cache
+def _this_tree() -> tuple[dict, bytes | None]:
+    return tree(REPO)
+
+
+def commit() -> dict:
+    """This checkout's commit and ``dirty`` (``tree``). Read once, at the first call: the commands call it when
+    they start, so that edits made while a run trains do not count."""
+    return dict(_this_tree()[0])
+
+
+def keep_diff(path: Path, record: dict) -> None:
+    """A record made from a tree with uncommitted changes (``dirty``) keeps them beside it: this process's
+    diff (read with ``commit``) written to ``<record>.diff`` and named in ``record["diff"]`` (the file's name,
+    in the record's folder). A record that names its diff already (a benchmark's later command) keeps it. Written
+    after the record (``write``): a diff that cannot be written (a full disk) costs a line, never the record."""
+    diff = _this_tree()[1]
+    if not (record.get("dirty") and "diff" not in record and diff is not None):
+        return
+    target = path.with_name(path.stem + ".diff")
+    try:
+        write_whole(target, diff)
+    except OSError as e:
+        print(f"warning: the diff of the uncommitted changes the record {path} was made from was not kept "
+              f"({target}: {e.strerror or e})", file=sys.stderr, flush=True)
+        return
+    record["diff"] = target.name
+
+
+def write_whole(path: Path, data: str | bytes) -> None:
+    """Whole or not at all: a stopped write leaves no torn file (nor its part, where the write failed)."""
+    part = path.with_name(f".{path.name}.part")
+    try:
+        part.write_bytes(data) if isinstance(data, bytes) else part.write_text(data)
+        os.replace(part, path)
+    finally:
+        part.unlink(missing_ok=True)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_bf16_units() -> list[str]:
+    """The CPU's bf16 units (Linux's flags avx512_bf16, amx_bf16): without them torch emulates bf16 matmuls."""
+    try:
+        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
+
+
+def gpu_driver() -> str | None:
+    """The NVIDIA driver's version (nvidia-smi's), None where it does not answer."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    version = out.stdout.split("\n", 1)[0].strip() if out.returncode == 0 else ""
+    return version or None
+
+
+def machine(accelerator: str, devices: int) -> dict:
+    """What decides speed: the device that trained or tested (a GPU's name, with the CUDA torch was built
+    for and the driver's version; else the CPU's model) and how many of them; the CPU's model, its bf16
+    units, the threads torch used and the cores it could use."""
+    import torch
+
+    cpu = {"cpu": cpu_model(), "cpu_bf16": cpu_bf16_units(),
+           "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+           "torch_threads": torch.get_num_threads()}
+    if accelerator == "cuda" and torch.cuda.is_available():
+        return {"device": torch.cuda.get_device_name(), "device_count": devices, "cuda": torch.version.cuda,
+                "driver": gpu_driver(), **cpu}
+    return {"device": cpu["cpu"], "device_count": devices, **cpu}
+
+
+def versions() -> dict:
+    import lightning
+    import timm
+    import torch
+
+    from vit import __version__
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "lightning": lightning.__version__,
+            "timm": timm.__version__, "vit": __version__}
+
+
+def command_line(argv: list[str], command: str = "train") -> str:
+    """The command as the user typed it, as far as the process can tell: ``python scripts/NAME.py ...``
+    or the console script ``vit-NAME ...``."""
+    import shlex
+
+    program = f"python scripts/{command}.py" if Path(sys.argv[0]).name == f"{command}.py" else f"vit-{command}"
+    return " ".join([program, *map(shlex.quote, argv)])
+
+
+def provenance(argv: list[str], command: str, accelerator: str, devices: int) -> dict:
+    """What made a figure: the command line, the commit, the date, the machine and the versions."""
+    return {"command": command_line(argv, command), **commit(),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            **machine(accelerator, devices), "versions": versions()}
+
+
+def make(*, recipe: str, argv: list[str], accelerator: str, devices: int, metrics: dict, **measured) -> dict:
+    """A record: provenance first, then the figures (``metrics``: test/acc and test/acc5 as fractions)."""
+    return {
+        "recipe": recipe,
+        **provenance(argv, "train", accelerator, devices),
+        "test_top1": round(100 * float(metrics["test/acc"]), 2),
+        "test_top5": round(100 * float(metrics["test/acc5"]), 2),
+        **measured,
+    }
+
+
+def write(run: Path, record: dict, tested: str | None = None) -> Path:
+    """``results.json`` (the run's record, after fit), or ``results-<checkpoint>.json`` for a later
+    ``train.py test`` of one of its checkpoints, so that no record overwrites another; from a tree with
+    uncommitted changes, their diff beside it (``keep_diff``)."""
+    path = run / (FILE if tested is None else f"results-{tested}.json")
+    write_whole(path, json.dumps(record, indent=2) + "\n")
+    if record.get("dirty") and "diff" not in record:
+        keep_diff(path, record)
+        if "diff" in record:  # (the record again, naming it)
+            write_whole(path, json.dumps(record, indent=2) + "\n")
+    return path
+
+
+def read(path: Path) -> dict:
+    """A record; one that cannot be read (torn, not JSON, not a mapping) raises RunError naming the file."""
+    from vit.exits import RunError
+
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RunError(f"{path}: not a readable record ({e}): run it again or remove the file") from None
+    if not isinstance(record, dict):
+        raise RunError(f"{path}: not a record (a JSON mapping): run it again or remove the file")
+    return record
+
+
+def record_run(trainer, module, mode: str, argv: list[str], ckpt: str | None, metrics: dict,
+               tested_checkpoint: dict | None, configuration: dict | None = None) -> Path:
+    """results.json in the run folder, and the same record in the W&B run's summary. After fit it describes
+    the run (its clock, steps, epochs) and keeps its effective ``configuration`` (vit.commands.train's: what
+    a plan compares with the run it plans, ``differences``); after ``test`` (``tested_checkpoint``) the
+    checkpoint's run."""
+    import torch
+
+    from vit import configs
+    from vit.training import guards
+    from vit.training.callbacks import TimeToAccuracy, TrainingClock
+    from vit.training.loggers import wandb_logger
+
+    run = Path(trainer.default_root_dir)
+    if mode == "fit":
+        clock = next(cb for cb in trainer.callbacks if isinstance(cb, TrainingClock)).state_dict()
+        recipe = configs.recipe_name(argv)
+    else:
+        clock = TrainingClock.of(tested_checkpoint)
+        recipe = Path(configs.named_recipes(argv)[-1]).stem if configs.named_recipes(argv) else run.parent.name
+    best = module.val_acc_best.max_value  # restored with the tested checkpoint's state
+    timer = next((cb for cb in trainer.callbacks if isinstance(cb, TimeToAccuracy)), None)
+    reached, reached_wall = (timer.reached, timer.reached_wall) if timer is not None else (None, None)
+    record = make(
+        recipe=recipe, argv=[mode, *argv] if mode == "test" else argv,
+        # the strategy's device: Lightning's teardown has moved the module back to the CPU by now
+        accelerator=trainer.strategy.root_device.type, devices=trainer.world_size, metrics=metrics,
+        test_images=module.tested_images,
+        checkpoint=ckpt and os.path.relpath(ckpt, run), best_val_acc=round(100 * best.item(), 2) if torch.isfinite(best) else None,
+        epochs=clock.get("epochs"), steps=clock.get("steps"), training_seconds=clock.get("training_seconds"),
+        # fit: every command the run took (TrainingClock); test: this command
+        wall_seconds=clock.get("wall_seconds") if mode == "fit" else round(guards.wall_seconds(), 1),
+        train_images_per_second=clock.get("train_images_per_second"),
+        # the commands the run took, and their first batches' seconds (torch.compile's, in training_seconds)
+        commands=clock.get("commands"), first_batches_seconds=clock.get("first_batches_seconds"),
+        validation_seconds=clock.get("validation_seconds"),
+        # the training epochs' seconds alone, and the run's wall seconds beside them
+        **({"time_to_val_acc": {f"{t:.2f}": round(s, 1) for t, s in reached.items()},
+            "time_to_val_acc_wall": {f"{t:.2f}": round(s, 1) for t, s in reached_wall.items()}}
+           if reached is not None else {}),
+        **({"configuration": configuration} if configuration is not None else {}))
+    path = write(run, record, None if mode == "fit" else Path(ckpt).stem)
+    wandb = wandb_logger(trainer.loggers)
+    if wandb is not None:  # (the configuration: in the W&B run's config already)
+        wandb.experiment.summary.update({k: v for k, v in record.items() if k != "configuration"})
+    return path
+
+
+def differences(record: dict, configuration: dict | None) -> list[str] | None:
+    """The options in which a record's run differs from ``configuration`` (a run's effective configuration, as
+    vit.commands.train writes it), as ``option: recorded → planned``; [] when it is that run. None when it cannot
+    tell: a record from before records kept their configuration (README's committed history), or an unknown
+    ``configuration`` (a run of another commit)."""
+    recorded = record.get("configuration")
+    if not isinstance(recorded, dict) or configuration is None:
+        return None
+    return changes(recorded, configuration)
+
+
+def changes(recorded: dict, planned: dict) -> list[str]:
+    """The keys whose values differ between two mappings, each as ``key recorded → planned`` ((none): absent)."""
+    missing = object()
+    return [f"{k} {recorded.get(k, '(none)')} → {planned.get(k, '(none)')}"
+            for k in sorted(set(recorded) | set(planned)) if recorded.get(k, missing) != planned.get(k, missing)]
