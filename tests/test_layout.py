@@ -142,3 +142,105 @@ def test_commands_without_a_model_start_without_torch_and_the_packages_names_sti
             "else:\n"
             "    raise AssertionError('vit.no_such_name')\n")
     python_ok(code)
+
+
+# The package's layers, lowest first: a module imports (at its top or inside a function) only from its own
+# layer and the ones below, so that a lower job never reaches up into a higher one.
+LAYERS = (
+    ("vit.exits", "vit.private_api"),  # the error types and the ledger: nothing of the package
+    ("vit.models",),     # the ViT, its preprocessing, checkpoints read back
+    ("vit.cluster",),    # launchers, GPUs, the network, the disk, run folders
+    ("vit.data",),       # datasets and batches (an image folder's mirror, a resumed run's position)
+    ("vit.training",),   # the LightningModule and a run's machinery
+    ("vit.inference",),  # a trained model in use
+    ("vit.plans",),      # plans of runs and their records
+    ("vit.reporting",),  # figures and tables from the records (a plan's table), uploads
+    ("vit.benchmark",),  # speed figures of all of the above
+    ("vit.failures",),   # which error ends a command how (a full disk, an out-of-memory)
+    ("vit.commands",),   # the programs
+)
+
+
+def layer(module: str) -> int | None:
+    return next((i for i, names in enumerate(LAYERS) for n in names if module == n or module.startswith(f"{n}.")),
+                None)
+
+
+def test_no_module_imports_from_a_higher_layer():
+    unplaced = sorted(name for name in MODULES if name != "vit" and layer(name) is None)
+    assert not unplaced, f"modules in no layer of LAYERS: {unplaced}"
+    upward = sorted(f"{name} imports {m}" for name, path in MODULES.items() if name != "vit"
+                    for m in imports(path) - {"vit"} if layer(m) > layer(name))
+    assert not upward, upward
+    assert layer("vit.cluster.runs") < layer("vit.training.module") < layer("vit.commands.train")
+
+
+def test_the_package_and_its_tests_import_each_module_by_its_path():
+    """Old module paths (vit.MOVED) are for recipes, records and users' code: ours name the modules where they are
+    (an old path would hide an import from the layers above)."""
+    import vit
+
+    old = set(vit.MOVED)
+    found = sorted(f"{path.relative_to(ROOT)}: {name}" for path in [*(ROOT / "vit").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
+                   for node in ast.walk(ast.parse(path.read_text()))
+                   for name in ([node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                                if isinstance(node, ast.ImportFrom) and node.module
+                                else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+                   if name in old)
+    assert not found, found
+
+def test_the_old_module_paths_are_the_moved_modules():
+    """A module's path before the subpackages (vit.callbacks, vit.runs, `from vit import runs`) imports the very
+    module of its new path (vit.MOVED), without importing torch where the module itself does not; vit.data and
+    vit.inference give their modules' public classes under the old names."""
+    code = ("import importlib, sys, vit\n"
+            "import vit.runs, vit.results, vit.tables, vit.sync, vit.launch, vit.run_lock, vit.checkpoints, vit.folders\n"
+            "from vit import storage, network, gpus\n"
+            "import vit.data, vit.inference\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n"
+            "import vit.cluster.runs, vit.cluster.storage\n"
+            "assert vit.runs is vit.cluster.runs and storage is vit.cluster.storage\n"
+            "assert vit.runs.__spec__.name == vit.runs.__name__ == 'vit.cluster.runs'\n"
+            "assert sys.modules['vit.runs'] is sys.modules['vit.cluster.runs']\n"
+            "assert len(vit.MOVED) >= 30 and 'vit.callbacks' in vit.MOVED\n"
+            "for old, new in vit.MOVED.items():\n"
+            "    assert importlib.import_module(old) is importlib.import_module(new), old\n"
+            "from vit.callbacks import Throughput\n"
+            "from vit.training.callbacks import Throughput as New\n"
+            "from vit.data.datamodules import ImageFolderDataModule\n"
+            "from vit.inference.classifier import load_classifier\n"
+            "assert Throughput is New and vit.data.ImageFolderDataModule is ImageFolderDataModule\n"
+            "assert vit.inference.load_classifier is load_classifier\n"
+            "try:\n"
+            "    import vit.no_such_module\n"
+            "except ModuleNotFoundError:\n"
+            "    pass\n"
+            "else:\n"
+            "    raise AssertionError('vit.no_such_module')\n")
+    python_ok(code)
+
+
+def test_command_lines_with_the_old_class_paths_parse_to_the_same_classes():
+    """Records keep the commands as they ran (`--data vit.data.ImageFolderDataModule`, a callback or logger named
+    by its module's old path): they still parse, to the classes of the new paths."""
+    import importlib
+    import subprocess
+    import sys
+
+    import yaml
+
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--config", "smoke",
+                           "--data", "vit.data.ImageFolderDataModule", "--trainer.logger", "vit.loggers.CSVLogger",
+                           "--trainer.callbacks+", "vit.callbacks.TimeToAccuracy", "--print_config"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = yaml.safe_load(proc.stdout)
+    loggers = config["trainer"]["logger"]
+    named = [config["data"]["class_path"], *(l["class_path"] for l in (loggers if isinstance(loggers, list) else [loggers])),
+             *(c["class_path"] for c in config["trainer"]["callbacks"])]
+    classes = [getattr(importlib.import_module(path.rpartition(".")[0]), path.rpartition(".")[2]) for path in named]
+    from vit.data.datamodules import ImageFolderDataModule
+    from vit.training.callbacks import Throughput, TimeToAccuracy
+    from vit.training.loggers import CSVLogger
+
+    assert classes[:2] == [ImageFolderDataModule, CSVLogger] and {Throughput, TimeToAccuracy} <= set(classes[2:])
