@@ -248,8 +248,8 @@ def test_a_skipped_batch_counts_in_the_data_position_so_a_resume_reads_on_where_
     whole = labels(dm.train_dataloader())
     assert len(whole) == 8 and dm.position.skipped == [2]
     for consumed, position in ((2, 2), (4, 5)):
-        done = SimpleNamespace(fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=SimpleNamespace(
-            current=SimpleNamespace(processed=consumed)))))
+        done = SimpleNamespace(num_training_batches=9, fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(
+            batch_progress=SimpleNamespace(current=SimpleNamespace(processed=consumed), is_last_batch=False))))
         state = dm.position.state_dict(done, 4, 4)
         assert (state["epoch"], state["images"], state["skipped_images"]) == \
             (0, 4 * position, 4 * (position - consumed))
