@@ -244,3 +244,20 @@ def test_command_lines_with_the_old_class_paths_parse_to_the_same_classes():
     from vit.training.loggers import CSVLogger
 
     assert classes[:2] == [ImageFolderDataModule, CSVLogger] and {Throughput, TimeToAccuracy} <= set(classes[2:])
+
+
+def test_the_data_and_inference_packages_serve_the_names_of_the_modules_they_replace():
+    """vit.data and vit.inference were modules: their names (vit.data.split_batch, vit.inference.sidecar) are still
+    theirs, from the module they moved to, and the packages' own modules import as modules."""
+    import vit.data
+    import vit.inference
+    from vit.data import datamodules
+    from vit.inference import classifier
+
+    assert vit.data.split_batch is datamodules.split_batch and vit.data.DatasetError is datamodules.DatasetError
+    assert vit.inference.sidecar is classifier.sidecar
+    from vit.data import cifar  # (a module of the package, not a name of datamodules)
+
+    assert cifar.__name__ == "vit.data.cifar"
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        vit.data.no_such_name

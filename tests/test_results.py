@@ -98,3 +98,15 @@ def test_a_plan_copies_a_records_diff_beside_its_copy(tmp_path):
     (run / "results.diff").unlink()  # a diff that is gone: the copy names none
     runner.collect(run / "results.json", job)
     assert "diff" not in json.loads((tmp_path / "results" / job.table / f"{job.name}.json").read_text())
+
+
+def test_a_record_written_before_the_modules_moved_is_of_todays_plan():
+    """A record's configuration names its classes by the paths of its day (``vit.callbacks.Throughput``); compared
+    with today's (``vit.training.callbacks.Throughput``) it is the same run; another class is not."""
+    recorded = {"trainer.callbacks": [{"class_path": "vit.callbacks.Throughput", "init_args": {"every": 5}}],
+                "trainer.logger": {"class_path": "vit.loggers.WandbLogger"}, "data": "vit.data.CIFAR10DataModule"}
+    today = {"trainer.callbacks": [{"class_path": "vit.training.callbacks.Throughput", "init_args": {"every": 5}}],
+             "trainer.logger": {"class_path": "vit.training.loggers.WandbLogger"}, "data": "vit.data.CIFAR10DataModule"}
+    assert results.differences({"configuration": recorded}, today) == []
+    other = {**today, "trainer.logger": {"class_path": "vit.training.loggers.CSVLogger"}}
+    assert [d.split(" ")[0] for d in results.differences({"configuration": recorded}, other)] == ["trainer.logger"]

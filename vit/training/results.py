@@ -269,8 +269,25 @@ def differences(record: dict, configuration: dict | None) -> list[str] | None:
     return changes(recorded, configuration)
 
 
+def today(value):
+    """``value`` with each class path of a module that moved (vit.MOVED: ``vit.callbacks.Throughput``) written as
+    it is today (``vit.training.callbacks.Throughput``): a record written before the move names the same class."""
+    from vit import MOVED
+
+    if isinstance(value, dict):
+        return {k: today(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [today(v) for v in value]
+    if isinstance(value, str) and value.startswith("vit."):
+        module, _, name = value.rpartition(".")
+        return f"{MOVED[module]}.{name}" if module in MOVED else value
+    return value
+
+
 def changes(recorded: dict, planned: dict) -> list[str]:
-    """The keys whose values differ between two mappings, each as ``key recorded → planned`` ((none): absent)."""
+    """The keys whose values differ between two mappings, each as ``key recorded → planned`` ((none): absent);
+    class paths compared as they are today (``today``)."""
     missing = object()
+    recorded, planned = today(recorded), today(planned)
     return [f"{k} {recorded.get(k, '(none)')} → {planned.get(k, '(none)')}"
             for k in sorted(set(recorded) | set(planned)) if recorded.get(k, missing) != planned.get(k, missing)]
