@@ -13,12 +13,22 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def checkout_only(*also: str):
+    """copytree's ignore: what building and running write (the venvs, runs/, data/ and build/ at the checkout's
+    top: vit/data/ is the package's), caches, and ``also``."""
+    everywhere = shutil.ignore_patterns(".git", ".venv*", "*.egg-info", "__pycache__", ".pytest_cache")
+
+    def ignore(folder, names):
+        top = {"runs", "data", "build", *also} if Path(folder) == ROOT else set()
+        return set(everywhere(folder, names)) | (top & set(names))
+    return ignore
+
+
 def build_wheel(tmp_path: Path) -> Path:
     """The project's wheel, built (pip, no build isolation: nothing downloaded) from a copy of the checkout
     under ``tmp_path``: building writes build/ and *.egg-info beside the sources."""
     source = tmp_path / "src"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", ".venv*", "runs", "data", "build", "*.egg-info",
-                                                                 "__pycache__", ".pytest_cache", "docs"))
+    shutil.copytree(ROOT, source, ignore=checkout_only("docs"))
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
                             str(tmp_path / "dist"), str(source)], capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr[-2000:]
@@ -168,8 +178,7 @@ def test_an_offline_node_installs_from_the_folder_make_wheels_fills_and_keeps_th
     venv, source = tmp_path / "venv", tmp_path / "src"
     subprocess.run([sys._base_executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
     (next((venv / "lib").glob("python3*")) / "site-packages" / "environment.pth").write_text(f"{environment}\n")
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", ".venv*", "runs", "data", "build", "*.egg-info",
-                                                                 "__pycache__", ".pytest_cache", "docs", "wheels"))
+    shutil.copytree(ROOT, source, ignore=checkout_only("docs", "wheels"))
     env = clean_env(PIP_NO_INDEX="1")  # no index, no find-links but the folder
     install = subprocess.run(["make", "install", f"VENV={venv}", f"WHEELS={wheels}", "SYSTEM_SITE=1"], cwd=source,
                              env=env, capture_output=True, text=True, timeout=600)
