@@ -367,7 +367,7 @@ def test_a_row_names_the_settings_no_option_says_today_outside_its_command():
     (not in it: the command must still run as typed)."""
     cell = tables.command_cell("python scripts/train.py --config cpu --model.muon_ns_dtype auto --model.decay linear "
                                "--model.lr=1e-3 --model.optimizer sgd --model.tta_flip false")
-    assert cell == "`--config cpu --model.optimizer.lr=1e-3 --model.optimizer sgd` with decay linear (no longer an option)"
+    assert cell == "`--config cpu --model.optimizer.lr=1e-3 --model.optimizer sgd` with decay linear (not an option today)"
 
 
 def test_no_page_shows_make_figures_for_a_plan_that_does_not_run():

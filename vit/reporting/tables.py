@@ -54,7 +54,7 @@ def shown_command(command: str) -> str:
 def command_cell(command: str) -> str:
     """A row's command: today's command line, then the settings it ran with that no option says today."""
     today, gone = _shown_words(command)
-    said = "no longer an option" if len(gone) == 1 else "no longer options"
+    said = "not an option today" if len(gone) == 1 else "not options today"
     return f"`{shlex.join(today)}`" + (f" with {', '.join(gone)} ({said})" if gone else "")
 
 
