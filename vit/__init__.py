@@ -94,5 +94,24 @@ class _MovedModules:
         module.__spec__ = module.__spec__.loader_state
 
 
+def names_of(package: str, path, module: str):
+    """The ``__getattr__`` (PEP 562) of a package that took the place of a module (vit.data, vit.inference): the
+    package's own modules by name, and the public names of ``module``, where the replaced module's code now is
+    (``vit.data.CIFAR10DataModule``), imported when first used: the package's other modules start without torch."""
+    import pkgutil
+
+    submodules = {m.name for m in pkgutil.iter_modules(path)}
+
+    def __getattr__(name: str):
+        if name in submodules:  # (`from package import <module>` asks here before it imports the module)
+            return importlib.import_module(f"{package}.{name}")
+        if not name.startswith("_"):
+            found = importlib.import_module(module)
+            if hasattr(found, name):
+                return getattr(found, name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    return __getattr__
+
+
 if not any(type(finder).__name__ == "_MovedModules" for finder in sys.meta_path):
     sys.meta_path.insert(0, _MovedModules())
