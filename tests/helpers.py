@@ -79,6 +79,41 @@ def best_val_acc(ckpt: dict) -> float:
     return score
 
 
+def wandb_records(path: Path) -> list[bytes]:
+    """The records of a W&B run file (``run-*.wandb``), each whole: the file is a LevelDB log, 32 KiB blocks of
+    fragments, each behind a 7-byte header (crc, length, type), so a key can straddle a block's end in the raw
+    bytes. After the file's own 7-byte header."""
+    import struct
+
+    data, block, records, pos, partial = path.read_bytes(), 32768, [], 7, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        fragment, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind in (1, 2):  # FULL, FIRST
+            partial = fragment
+        elif kind in (3, 4):  # MIDDLE, LAST
+            partial += fragment
+        if kind in (1, 4):
+            records.append(partial)
+    return records
+
+
+def wandb_summary_keys(path: Path) -> set[str]:
+    """The top-level keys that the run's summary records (run.summary.update, and wandb's own) set."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    keys = set()
+    for data in wandb_records(path):
+        record = pb.Record()
+        record.ParseFromString(data)
+        if record.WhichOneof("record_type") == "summary":
+            keys |= {item.key or item.nested_key[0] for item in record.summary.update}
+    return keys
+
+
 def digest(folder: Path) -> dict:
     return {p.relative_to(folder): hashlib.md5(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()}
 

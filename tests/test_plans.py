@@ -17,6 +17,8 @@ from vit.reporting import tables
 from vit.commands.train import ArgumentCheck
 from vit.commands.plan import main
 
+from helpers import wandb_records
+
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ["--config", "smoke", "--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2",
        "--trainer.max_epochs", "1", "--data.batch_size", "50", "--data.val_size", "100", "--data.num_workers", "0"]
@@ -208,7 +210,7 @@ def test_a_users_plan_runs_here_in_one_wandb_group_and_its_table_has_mean_and_sp
         assert ("--model.optimizer.weight_decay 0" in record["command"]) == name.startswith("nowd")
         # the W&B run's own record carries the group: RunRecord.run_group (field 6, a string), the plan's name
         (wandb_file,) = (runs / name / "wandb").glob("offline-run-*/run-*.wandb")
-        assert b"\x32" + bytes([len("wd-grid")]) + b"wd-grid" in wandb_file.read_bytes(), name
+        assert b"\x32" + bytes([len("wd-grid")]) + b"wd-grid" in b"".join(wandb_records(wandb_file)), name
     table = plan_command("table", plan.name)
     assert table.returncode == 0, table.stderr
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table.stdout.splitlines()}
