@@ -61,6 +61,7 @@ MOVED = {
     "vit.network": "vit.cluster.network",
     "vit.optim": "vit.training.optim",
     "vit.preprocessing": "vit.models.preprocessing",
+    "vit.plans.table": "vit.reporting.plan_table",
     "vit.progress": "vit.training.progress",
     "vit.report": "vit.reporting.report",
     "vit.results": "vit.training.results",

@@ -161,7 +161,7 @@ def _check_benchmark(argv: list[str]) -> None:
 @exit_on_failure
 def main(argv: list[str] | None = None) -> int:
     from vit import plans
-    from vit.plans.table import summary
+    from vit.reporting.plan_table import summary
     from vit.exits import ConfigError
 
     parser = _parser()

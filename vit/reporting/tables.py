@@ -1,6 +1,6 @@
 """Tables rendered from records: the figures blocks of README and docs/ (``<!-- figures: TABLE -->`` …
 ``<!-- /figures -->``, one row per run of the plan that fills TABLE, "pending" where it has no record yet).
-A plan's own summary over its seeds (``vit-plan table``) is vit/plans/table.py."""
+A plan's own summary over its seeds (``vit-plan table``) is vit/reporting/plan_table.py."""
 
 from __future__ import annotations
 
