@@ -255,6 +255,28 @@ def test_a_table_leaves_out_a_missing_value_and_names_a_torn_record_in_one_line(
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_a_table_marks_a_row_with_a_record_made_from_uncommitted_changes_and_says_where_its_diff_is(
+        tmp_path, capsys, monkeypatch):
+    plan = tiny_plan(tmp_path / "grid.yaml")
+    folder = tmp_path / "runs" / "grid"
+    record = {"test_top1": 50.0, "best_val_acc": 52.0, "epochs": 1, "train_images_per_second": 100.0,
+              "commit": "0123456789abcdef0123456789abcdef01234567"}
+    for name in ("base-s0", "base-s1", "nowd-s0", "nowd-s1"):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "results.json").write_text(json.dumps({**record, "dirty": name == "base-s1"}))
+    monkeypatch.chdir(tmp_path)
+    assert main(["table", str(plan), "--runs", "runs"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith(("| the toy recipe", "| + no weight decay"))]
+    assert len(rows) == 2 and "| 2 of 2† | 50.00" in rows[0] and "| 2 of 2 | 50.00" in rows[1], out
+    assert "† made from uncommitted changes to `0123456`; the diff was not kept." in out
+    (folder / "base-s1" / "results.diff").write_text("diff --git a/x b/x\n")
+    (folder / "base-s1" / "results.json").write_text(json.dumps({**record, "dirty": True, "diff": "results.diff"}))
+    assert main(["table", str(plan), "--runs", "runs"]) == 0
+    out = capsys.readouterr().out
+    assert "the diff is beside the record: [results.diff](runs/grid/base-s1/results.diff)." in out, out
+
+
 @pytest.mark.long
 def test_the_commands_of_docs_experiments_run_as_a_user_types_them(tmp_path):
     """docs/experiments.md's show, submit --dry-run and table, as subprocesses."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shlex
 import statistics
+from pathlib import Path
 
 from vit.training import results
 from vit.plans.plan_file import Plan, Run
@@ -28,7 +29,11 @@ def summary(plan: Plan, runner) -> str:
     """The plan's training runs as one row per change: n (the seeds with a record of the run the plan has now,
     of those planned) and the mean ± standard deviation over them of test top-1, best validation accuracy,
     epochs and images/s; ``runner.record_path(run)`` is the record's path. A record of another command (the plan
-    changed since it ran: ``runner.differences``) is left out, and a line under the table says which and why."""
+    changed since it ran: ``runner.differences``) is left out, and a line under the table says which and why. A row
+    with a record made from uncommitted changes is marked † after its n, with the pages' footnote (where its diff
+    is) under the table."""
+    from vit.reporting.tables import Notes
+
     changes: dict[str, list[Run]] = {}
     other: dict[str, list[str]] = {}  # the runs whose record is another command's: what differs
     for job in plan.runs:
@@ -42,11 +47,15 @@ def summary(plan: Plan, runner) -> str:
         return None if job.name in other else path
     head = ["run", "arguments", "n", "test top-1 (%)", "best val (%)", "epochs", "train img/s"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    notes = Notes(Path.cwd())
     for change, jobs in changes.items():
-        got = [results.read(record_of(job)) for job in jobs if record_of(job) and record_of(job).is_file()]
+        paths = [record_of(job) for job in jobs if record_of(job) and record_of(job).is_file()]
+        got = [results.read(path) for path in paths]
+        made = "".join(sorted({notes.made(path, r) for path, r in zip(paths, got)}))
         label = re.sub(r", seed \d+$", "", jobs[0].label)
         own = f"`{shlex.join(jobs[0].own)}`" if jobs[0].own else "the plan's"
-        cells = [label, own + (f" (commit {jobs[0].commit})" if jobs[0].commit else ""), f"{len(got)} of {len(jobs)}"]
+        cells = [label, own + (f" (commit {jobs[0].commit})" if jobs[0].commit else ""),
+                 f"{len(got)} of {len(jobs)}{made}"]
         if got:
             cells += [_spread([r.get("test_top1") for r in got]), _spread([r.get("best_val_acc") for r in got]),
                       _spread([r.get("epochs") for r in got], 1),
@@ -59,4 +68,4 @@ def summary(plan: Plan, runner) -> str:
         lines.append(f"\n{len(other)} record(s) left out, of another command than the plan's run now "
                      f"({', '.join(other)}; {first}: {'; '.join(differ[:3])}{'; ...' if len(differ) > 3 else ''}): "
                      "`vit-plan run` or `submit` moves them aside and runs them again")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + notes.lines()) + "\n"
