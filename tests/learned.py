@@ -87,7 +87,7 @@ def main() -> None:
     from datetime import datetime, timezone
     from pathlib import Path
 
-    from vit.training.results import commit, cpu_model
+    from vit.training.results import commit, cpu_model, keep_diff
 
     root = Path(__file__).resolve().parents[1]
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -106,6 +106,7 @@ def main() -> None:
                           "worst_learned": {k: min(r[k] for r in rollout if r["accuracy"] > 0.9) for k in rollout[0]}},
               "random_labels": {"steps_per_seed": fitted, "worst": None if None in fitted else max(fitted)}}
     args.output.parent.mkdir(parents=True, exist_ok=True)
+    keep_diff(args.output, record)  # (made from uncommitted changes: their diff beside it, named in the record)
     args.output.write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps({"rollout worst": record["rollout"]["worst"], "random labels": fitted}, indent=1))
     print(f"wrote {args.output}")

@@ -2,6 +2,7 @@
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 from vit import plans
@@ -55,6 +56,24 @@ def test_a_record_of_a_dirty_tree_keeps_its_diff_and_one_of_a_clean_tree_none(tm
     again = {**record, "dirty": True}  # a record that names its diff already (a benchmark's later command) keeps it
     results.keep_diff(dirty / "results-last.json", again)
     assert again["diff"] == "results-last.diff"
+
+
+def test_the_record_of_the_tests_margins_keeps_its_diff_too(tmp_path, monkeypatch):
+    """tests/learned.py's record (results/test-margins/learned.json) from a tree with uncommitted changes names
+    their diff beside it, as every other record does (its trainings replaced by stand-ins here)."""
+    import learned
+
+    repo = checkout(tmp_path / "repo")
+    (repo / "code.py").write_text("lr = 3\n")
+    monkeypatch.setattr(results, "_this_tree", lambda: results.tree(repo))
+    monkeypatch.setattr(learned, "rollout_figures", lambda seed: {"accuracy": 1.0, "rollout": 0.5})
+    monkeypatch.setattr(learned, "steps_to_fit_random_labels", lambda seed: 20)
+    output = tmp_path / "margins" / "learned.json"
+    monkeypatch.setattr(sys, "argv", ["learned.py", "--seeds", "2", "--output", str(output)])
+    learned.main()
+    record = json.loads(output.read_text())
+    assert record["dirty"] is True and record["diff"] == "learned.diff"
+    assert "+lr = 3" in (output.parent / "learned.diff").read_text()
 
 
 def test_a_diff_in_any_encoding_under_any_git_configuration_applies_and_one_not_written_costs_no_record(
