@@ -76,6 +76,36 @@ def test_the_record_of_the_tests_margins_keeps_its_diff_too(tmp_path, monkeypatc
     assert "+lr = 3" in (output.parent / "learned.diff").read_text()
 
 
+def test_a_run_resumed_on_other_code_names_that_code_in_its_record_and_its_tables_mark_it(
+        tmp_path, monkeypatch, fake_cifar_session):
+    """A run trained an epoch at one commit, then resumed for another on another commit with uncommitted changes:
+    its record names the first command's code (``other_code``), and a table marks it § with a note saying which;
+    the record of a run of one commit names none. A command resumed from a checkpoint of a version that kept no
+    code counts the commands before it as not known."""
+    from helpers import train_here
+    from vit.reporting.tables import Notes
+
+    first, second = {"commit": "a" * 40, "dirty": False}, {"commit": "b" * 40, "dirty": True}
+    small = ["--model.arch.dim", "32", "--model.arch.depth", "1", "--model.arch.heads", "2", "--trainer.logger", "false"]
+    monkeypatch.setattr(results, "_this_tree", lambda: (first, None))
+    assert train_here(tmp_path, fake_cifar_session, "--trainer.max_epochs", "1", *small) == 0
+    path = tmp_path / "runs/smoke/version_0/results.json"
+    assert "other_code" not in json.loads(path.read_text())
+    monkeypatch.setattr(results, "_this_tree", lambda: (second, None))
+    assert train_here(tmp_path, fake_cifar_session, "--trainer.max_epochs", "2", "--ckpt_path", "last", *small) == 0
+    record = json.loads(path.read_text())
+    assert (record["commit"], record["dirty"], record["commands"]) == ("b" * 40, True, 2)
+    assert record["other_code"] == [{"commit": "a" * 40, "dirty": False, "commands": 1}]
+    notes = Notes(tmp_path)
+    assert notes.made(path, record) == "†§"
+    assert ("§ [results](runs/smoke/version_0/results.json): the run was also trained by commands of other code "
+            "than its record's commit: `aaaaaaa` (1 command).") in notes.lines()
+    assert results.other_code({"commands": 3, "trees": [second]}) == [{"commit": "not known", "dirty": None,
+                                                                      "commands": 2}]
+    assert results.other_code({"commands": 2, "trees": [first, {"commit": "a" * 40, "dirty": True}]}) == [
+        {"commit": "a" * 40, "dirty": False, "commands": 1}, {"commit": "a" * 40, "dirty": True, "commands": 1}]
+
+
 def test_a_diff_in_any_encoding_under_any_git_configuration_applies_and_one_not_written_costs_no_record(
         tmp_path, monkeypatch, capsys):
     """Changes that are not UTF-8, with CRLF line ends, under a git configured for colour and without prefixes,

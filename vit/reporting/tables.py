@@ -78,25 +78,45 @@ def _link(path: Path, base: Path) -> str:
 
 # what the device cell shows: a correction of one of these is marked there, of any other field after the record
 DEVICE_FIELDS = {"device", "device_count", "cuda", "driver", "cpu", "cpu_bf16", "torch_threads"}
-DIRTY, CORRECTED = "†", "‡"
+DIRTY, CORRECTED, OTHER_CODE = "†", "‡", "§"
 
 
 class Notes:
     """The marks of one table's records and their footnotes, one paragraph each under the table: † a record made
-    from uncommitted changes (``dirty``; the diff beside it, ``results.keep_diff``, or not kept), ‡ fields filled
-    in by hand from another record (``corrected``)."""
+    from uncommitted changes (``dirty``; the diff beside it, ``results.keep_diff``, or not kept), § a run that
+    commands on other code trained too (``other_code``: resumed on another commit), ‡ fields filled in by hand
+    from another record (``corrected``)."""
 
     def __init__(self, base: Path):
-        self.base, self.dirty, self.corrected = base, {}, []
+        self.base, self.dirty, self.other, self.corrected = base, {}, [], []
 
     def made(self, path: Path, r: dict) -> str:
-        """The mark after a record's commit: † when uncommitted changes to it made the record."""
+        """The marks after a record's commit: † when uncommitted changes to it made the record, § when commands
+        on other code trained the run too."""
+        return self._dirty(path, r) + self._other(path, r)
+
+    def _dirty(self, path: Path, r: dict) -> str:
         if not r.get("dirty"):
             return ""
         diff = path.parent / r["diff"] if r.get("diff") else None
         kept = diff is not None and diff.is_file()
         self.dirty.setdefault((r.get("commit") or "no commit")[:7], []).append(diff if kept else None)
         return DIRTY
+
+    def _other(self, path: Path, r: dict) -> str:
+        other = r.get("other_code")
+        if not other:
+            return ""
+        if not (isinstance(other, list) and all(isinstance(o, dict) and isinstance(o.get("commands"), int)
+                                                for o in other)):
+            raise ConfigError(f"{path}: other_code: takes [{{\"commit\": ..., \"dirty\": ..., \"commands\": N}}, "
+                              f"...] (vit.training.results.other_code), got {other!r}")
+        code = ", ".join(f"`{str(o.get('commit') or 'no commit')[:7]}`"
+                         + (" with uncommitted changes" if o.get("dirty") else "")
+                         + f" ({o['commands']} command{'s' if o['commands'] != 1 else ''})" for o in other)
+        self.other.append(f"{OTHER_CODE} [{path.stem}]({_link(path, self.base)}): the run was also trained by "
+                          f"commands of other code than its record's commit: {code}.")
+        return OTHER_CODE
 
     def filled(self, path: Path, r: dict, device: bool) -> str:
         """‡ after the device (``device``) or after the record, where the corrected fields are shown."""
@@ -126,7 +146,7 @@ class Notes:
                      f"the diffs are beside the records: {', '.join(kept)}"
                      + ("; the others' were not kept" if len(kept) < len(diffs) else ""))
             out.append(f"{DIRTY} made from uncommitted changes to `{commit}`; {where}.")
-        out += self.corrected
+        out += self.other + self.corrected
         return [line for note in out for line in ("", note)]
 
 

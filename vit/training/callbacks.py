@@ -14,6 +14,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from vit.training.guards import wall_seconds
+from vit.training.results import commit
 from vit.training.loggers import wandb_logger
 
 
@@ -30,12 +31,15 @@ class TrainingClock(L.Callback):
     much of its clock that was.
 
     Of those seconds, the validation epochs' are counted too (``validation_seconds``): the seconds spent
-    training alone (``train_seconds``) are the clock of TimeToAccuracy, as speed records count them."""
+    training alone (``train_seconds``) are the clock of TimeToAccuracy, as speed records count them.
+
+    And the code each command ran (``trees``: its commit and ``dirty``, vit.training.results.commit), so that the
+    record of a run resumed on other code says so (``results.other_code``)."""
 
     def __init__(self):
         # of the attempts this run resumed from
         self.before = {"training_seconds": 0.0, "train_images": 0, "wall_seconds": 0.0, "commands": 0,
-                       "first_batches_seconds": 0.0, "validation_seconds": 0.0}
+                       "first_batches_seconds": 0.0, "validation_seconds": 0.0, "trees": []}
         self.started = self.stopped = None
         self.trainer = None
         self.first_batches, self.batch_started, self.timed = 0.0, None, set()
@@ -111,12 +115,14 @@ class TrainingClock(L.Callback):
                 "epochs": round(trainer.global_step / per_epoch, 2),
                 "train_images_per_second": round(images / seconds, 1) if seconds > 0 else None,
                 "wall_seconds": round(self.before["wall_seconds"] + wall_seconds(), 1),
-                "commands": self.before["commands"] + 1,
+                "commands": self.before["commands"] + 1, "trees": [*self.before["trees"], commit()],
                 "validation_seconds": round(self.validation_seconds(), 3),
                 "first_batches_seconds": round(self.before["first_batches_seconds"] + self.first_batches, 3)}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.before = {**self.before, **state_dict}  # (a checkpoint without wall_seconds: 0 before this command)
+        trees = self.before["trees"]  # (none kept before a version that kept them: that code is not known)
+        self.before["trees"] = [t for t in trees if isinstance(t, dict)] if isinstance(trees, list) else []
 
     @staticmethod
     def of(checkpoint: dict) -> dict:

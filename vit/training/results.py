@@ -4,9 +4,10 @@ versions). Written when the test ends, after ``fit`` and by ``train.py test``; R
 are rendered from copies of these records (``vit.reporting.tables``).
 
 A record made from a tree with uncommitted changes says ``"dirty": true`` and names the file beside it that
-holds them (``"diff"``, ``keep_diff``). A field filled in by hand after the run is named under ``"corrected"``:
-``{"fields": [...], "from": "<the record they were copied from, relative to this one's folder>", "why": "..."}``;
-the tables mark both."""
+holds them (``"diff"``, ``keep_diff``); one of a run that commands of other code trained too (resumed on
+another commit) names that code (``"other_code"``). A field filled in by hand after the run is named under
+``"corrected"``: ``{"fields": [...], "from": "<the record they were copied from, relative to this one's
+folder>", "why": "..."}``; the tables mark all three."""
 
 from __future__ import annotations
 
@@ -173,6 +174,26 @@ def provenance(argv: list[str], command: str, accelerator: str, devices: int) ->
             **machine(accelerator, devices), "versions": versions()}
 
 
+def other_code(clock: dict) -> list[dict]:
+    """The code other than this command's that commands of a run ran (TrainingClock's ``trees``: each command's
+    commit and ``dirty``), one entry per commit and state with its count of ``commands``; a run resumed from a
+    checkpoint of a version that kept no trees counts those commands under ``"commit": "not known"``. [] when
+    every command ran this command's code: a record of a run resumed on other code says which (``other_code``),
+    and the tables mark it."""
+    this = commit()
+    trees = clock.get("trees") if isinstance(clock.get("trees"), list) else []
+    others: dict[tuple, int] = {}
+    for t in trees:
+        key = (t.get("commit"), t.get("dirty"))
+        if key != (this["commit"], this["dirty"]):
+            others[key] = others.get(key, 0) + 1
+    commands = clock.get("commands")
+    unknown = commands - len(trees) if isinstance(commands, int) and commands > len(trees) and trees else 0
+    if unknown:
+        others[("not known", None)] = unknown
+    return [{"commit": c, "dirty": d, "commands": n} for (c, d), n in others.items()]
+
+
 def make(*, recipe: str, argv: list[str], accelerator: str, devices: int, metrics: dict, **measured) -> dict:
     """A record: provenance first, then the figures (``metrics``: test/acc and test/acc5 as fractions)."""
     return {
@@ -250,6 +271,7 @@ def record_run(trainer, module, mode: str, argv: list[str], ckpt: str | None, me
         **({"time_to_val_acc": {f"{t:.2f}": round(s, 1) for t, s in reached.items()},
             "time_to_val_acc_wall": {f"{t:.2f}": round(s, 1) for t, s in reached_wall.items()}}
            if reached is not None else {}),
+        **({"other_code": other} if (other := other_code(clock)) else {}),
         **({"configuration": configuration} if configuration is not None else {}))
     path = write(run, record, None if mode == "fit" else Path(ckpt).stem)
     wandb = wandb_logger(trainer.loggers)
