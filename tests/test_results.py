@@ -15,12 +15,15 @@ def git(repo: Path, *args: str) -> str:
 
 
 def checkout(path: Path) -> Path:
-    """A git repository with one commit: code.py and a record under results/."""
+    """A git repository with one commit: code.py, a record under results/ and the pages (README.md, docs/)."""
     path.mkdir()
     git(path, "init", "-q")
     (path / "code.py").write_text("lr = 1\n")
     (path / "results").mkdir()
     (path / "results" / "old.json").write_text("{}\n")
+    (path / "docs").mkdir()
+    (path / "docs" / "results.md").write_text("| a table |\n")
+    (path / "README.md").write_text("# vit\n")
     git(path, "add", ".")
     git(path, "commit", "-q", "-m", "first")
     return path
@@ -32,7 +35,9 @@ def test_a_record_of_a_dirty_tree_keeps_its_diff_and_one_of_a_clean_tree_none(tm
     monkeypatch.setattr(results, "_this_tree", lambda: results.tree(repo))
     clean = tmp_path / "clean"
     clean.mkdir()
-    (repo / "results" / "new.json").write_text("{}\n")  # records and untracked files: the tree is clean
+    (repo / "results" / "new.json").write_text("{}\n")  # records, pages and untracked files: the tree is clean
+    (repo / "docs" / "results.md").write_text("| a table, rendered again |\n")
+    (repo / "README.md").write_text("# vit, edited\n")
     (repo / "scratch.py").write_text("x = 1\n")
     assert results.commit() == {"commit": sha, "dirty": False}
     results.write(clean, {"recipe": "cpu", **results.commit()})
@@ -49,6 +54,7 @@ def test_a_record_of_a_dirty_tree_keeps_its_diff_and_one_of_a_clean_tree_none(tm
     diff = (dirty / "results-last.diff").read_text()
     assert sha in diff and "Untracked files are not in it; there were 1:\n  scratch.py\n" in diff
     assert "+lr = 2" in diff and "results/old.json" not in diff  # the code's changes, not the records'
+    assert "README.md" not in diff and "docs/results.md" not in diff  # nor the pages'
     copy = tmp_path / "copy"  # the diff, applied to a checkout of the commit, gives the tree that made the record
     git(tmp_path, "clone", "-q", str(repo), str(copy))
     git(copy, "apply", str(dirty / "results-last.diff"))

@@ -22,14 +22,17 @@ from pathlib import Path
 
 FILE = "results.json"
 REPO = Path(__file__).resolve().parents[2]
+# what a record's commit and diff leave out (`tree`): records, and pages that run nothing
+NOT_CODE = ("results", "docs", "README.md", "CITATION.cff", "LICENSE")
 
 
 def tree(repo: Path) -> tuple[dict, bytes | None]:
     """The commit checked out in ``repo`` and whether its tracked files differ from it (``dirty``), with, when
     they do, those changes: ``git diff --binary HEAD`` (``git apply`` takes it) after a preamble that names the
     commit and lists the untracked files, which the diff leaves out (their names only). None and None outside
-    a git checkout (an installed wheel: its version says what ran). results/ is left out of both: it holds
-    records, what measuring writes, not code that runs."""
+    a git checkout (an installed wheel: its version says what ran). Left out of both: results/, which holds
+    records, what measuring writes, and the pages (README.md, docs/, the licence and citation), whose tables
+    `make figures` renders from those records: neither is code that runs (``NOT_CODE``)."""
     def git(*args: str) -> bytes | None:  # (bytes: a diff is not always UTF-8, nor its line ends \n)
         try:
             out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, timeout=30)
@@ -40,7 +43,7 @@ def tree(repo: Path) -> tuple[dict, bytes | None]:
     def text(out: bytes | None) -> str | None:
         return None if out is None else out.decode(errors="surrogateescape")
 
-    code = ("--", ".", ":!results")
+    code = ("--", ".", *(f":!{path}" for path in NOT_CODE))
     if not (repo / ".git").exists() or (sha := text(git("rev-parse", "HEAD"))) is None:
         return {"commit": None, "dirty": None}, None
     sha = sha.strip()
