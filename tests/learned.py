@@ -87,7 +87,8 @@ def main() -> None:
     from datetime import datetime, timezone
     from pathlib import Path
 
-    from vit.training.results import commit, cpu_model, keep_diff
+    from vit.training.commits import commit
+    from vit.training.results import cpu_model, keep_diff
 
     root = Path(__file__).resolve().parents[1]
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

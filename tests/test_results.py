@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from vit import plans
-from vit.training import results
+from vit.training import commits, results
 
 
 def git(repo: Path, *args: str) -> str:
@@ -32,15 +32,15 @@ def checkout(path: Path) -> Path:
 def test_a_record_of_a_dirty_tree_keeps_its_diff_and_one_of_a_clean_tree_none(tmp_path, monkeypatch):
     repo = checkout(tmp_path / "repo")
     sha = git(repo, "rev-parse", "HEAD").strip()
-    monkeypatch.setattr(results, "_this_tree", lambda: results.tree(repo))
+    monkeypatch.setattr(commits, "this_tree", lambda: commits.tree(repo))
     clean = tmp_path / "clean"
     clean.mkdir()
     (repo / "results" / "new.json").write_text("{}\n")  # records, pages and untracked files: the tree is clean
     (repo / "docs" / "results.md").write_text("| a table, rendered again |\n")
     (repo / "README.md").write_text("# vit, edited\n")
     (repo / "scratch.py").write_text("x = 1\n")
-    assert results.commit() == {"commit": sha, "dirty": False}
-    results.write(clean, {"recipe": "cpu", **results.commit()})
+    assert commits.commit() == {"commit": sha, "dirty": False}
+    results.write(clean, {"recipe": "cpu", **commits.commit()})
     assert sorted(p.name for p in clean.iterdir()) == ["results.json"]
     assert "diff" not in json.loads((clean / "results.json").read_text())
 
@@ -48,7 +48,7 @@ def test_a_record_of_a_dirty_tree_keeps_its_diff_and_one_of_a_clean_tree_none(tm
     (repo / "results" / "old.json").write_text('{"changed": 1}\n')
     dirty = tmp_path / "dirty"
     dirty.mkdir()
-    results.write(dirty, {"recipe": "cpu", **results.commit()}, tested="last")
+    results.write(dirty, {"recipe": "cpu", **commits.commit()}, tested="last")
     record = json.loads((dirty / "results-last.json").read_text())
     assert record["dirty"] is True and record["diff"] == "results-last.diff"
     diff = (dirty / "results-last.diff").read_text()
@@ -71,7 +71,7 @@ def test_the_record_of_the_tests_margins_keeps_its_diff_too(tmp_path, monkeypatc
 
     repo = checkout(tmp_path / "repo")
     (repo / "code.py").write_text("lr = 3\n")
-    monkeypatch.setattr(results, "_this_tree", lambda: results.tree(repo))
+    monkeypatch.setattr(commits, "this_tree", lambda: commits.tree(repo))
     monkeypatch.setattr(learned, "rollout_figures", lambda seed: {"accuracy": 1.0, "rollout": 0.5})
     monkeypatch.setattr(learned, "steps_to_fit_random_labels", lambda seed: 20)
     output = tmp_path / "margins" / "learned.json"
@@ -93,11 +93,11 @@ def test_a_run_resumed_on_other_code_names_that_code_in_its_record_and_its_table
 
     first, second = {"commit": "a" * 40, "dirty": False}, {"commit": "b" * 40, "dirty": True}
     small = ["--model.arch.dim", "32", "--model.arch.depth", "1", "--model.arch.heads", "2", "--trainer.logger", "false"]
-    monkeypatch.setattr(results, "_this_tree", lambda: (first, None))
+    monkeypatch.setattr(commits, "this_tree", lambda: (first, None))
     assert train_here(tmp_path, fake_cifar_session, "--trainer.max_epochs", "1", *small) == 0
     path = tmp_path / "runs/smoke/version_0/results.json"
     assert "other_code" not in json.loads(path.read_text())
-    monkeypatch.setattr(results, "_this_tree", lambda: (second, None))
+    monkeypatch.setattr(commits, "this_tree", lambda: (second, None))
     assert train_here(tmp_path, fake_cifar_session, "--trainer.max_epochs", "2", "--ckpt_path", "last", *small) == 0
     record = json.loads(path.read_text())
     assert (record["commit"], record["dirty"], record["commands"]) == ("b" * 40, True, 2)
@@ -121,17 +121,17 @@ def test_a_diff_in_any_encoding_under_any_git_configuration_applies_and_one_not_
     git(repo, "config", "color.diff", "always")
     git(repo, "config", "diff.noprefix", "true")
     (repo / "code.py").write_bytes("lr = 2  # é\r\n".encode("latin-1"))
-    monkeypatch.setattr(results, "_this_tree", lambda: results.tree(repo))
+    monkeypatch.setattr(commits, "this_tree", lambda: commits.tree(repo))
     run = tmp_path / "run"
     run.mkdir()
-    results.write(run, {"recipe": "cpu", **results.commit()})
+    results.write(run, {"recipe": "cpu", **commits.commit()})
     copy = tmp_path / "copy"
     git(tmp_path, "clone", "-q", str(repo), str(copy))
     subprocess.run(["git", "-C", str(copy), "apply", str(run / "results.diff")], check=True, capture_output=True)
     assert (copy / "code.py").read_bytes() == (repo / "code.py").read_bytes()
     full = tmp_path / "full"
     (full / "results.diff").mkdir(parents=True)
-    results.write(full, {"recipe": "cpu", **results.commit()})
+    results.write(full, {"recipe": "cpu", **commits.commit()})
     record = json.loads((full / "results.json").read_text())
     assert record["dirty"] is True and "diff" not in record
     assert "warning: the diff of the uncommitted changes the record" in capsys.readouterr().err

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     from vit.benchmark.runner import run
 
     args = parser.parse_args(argv)
-    from vit.training.results import commit
+    from vit.training.commits import commit
 
     commit()  # the code that runs, before anyone edits the tree
     args.argv = sys.argv[1:] if argv is None else argv  # for the record

@@ -31,7 +31,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from vit import configs, exits, failures
 from vit.cluster import gpus, launch, run_lock, runs
 from vit.reporting import report
-from vit.training import loggers, results
+from vit.training import commits, loggers, results
 from vit.training.callbacks import LogConfig, run_callbacks
 from vit.training.guards import StopAfterMinutes, Watchdog
 from vit.training.progress import ProgressBar
@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     claimed: list[Path] = []  # a run folder this process created
     inherited = runs.ENV in os.environ  # set by the process that launched this one (DDP)
     code = 1  # a bug, unless the run ends otherwise below
-    results.commit()  # the code that runs, before anyone edits the tree
+    commits.commit()  # the code that runs, before anyone edits the tree
     cli = None
     try:
         cli = ViTCLI(mode, argv, claimed)

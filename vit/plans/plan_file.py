@@ -10,10 +10,9 @@ from pathlib import Path
 
 import yaml
 
-from vit.training import results
+from vit.training.commits import REPO
 from vit.exits import ConfigError, RunFailed, Stopped, status_of
 
-REPO = results.REPO
 EXPERIMENTS = REPO / "experiments"  # the plans of README's and docs/' tables (a checkout's, not the package's)
 STOPPED = status_of(Stopped())  # vit-train's exit status for a run that stopped where it resumes (4)
 NAME = re.compile(r"[A-Za-z0-9][\w-]*")

@@ -14,7 +14,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from vit.training.guards import wall_seconds
-from vit.training.results import commit
+from vit.training.commits import commit
 from vit.training.loggers import wandb_logger
 
 
@@ -33,7 +33,7 @@ class TrainingClock(L.Callback):
     Of those seconds, the validation epochs' are counted too (``validation_seconds``): the seconds spent
     training alone (``train_seconds``) are the clock of TimeToAccuracy, as speed records count them.
 
-    And the code each command ran (``trees``: its commit and ``dirty``, vit.training.results.commit), so that the
+    And the code each command ran (``trees``: its commit and ``dirty``, vit.training.commits.commit), so that the
     record of a run resumed on other code says so (``results.other_code``)."""
 
     def __init__(self):

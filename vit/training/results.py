@@ -11,7 +11,6 @@ folder>", "why": "..."}``; the tables mark all three."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import platform
@@ -20,60 +19,9 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from vit.training import commits
+
 FILE = "results.json"
-REPO = Path(__file__).resolve().parents[2]
-# what a record's commit and diff leave out (`tree`): records, and pages that run nothing
-NOT_CODE = ("results", "docs", "README.md", "CITATION.cff", "LICENSE")
-
-
-def tree(repo: Path) -> tuple[dict, bytes | None]:
-    """The commit checked out in ``repo`` and whether its tracked files differ from it (``dirty``), with, when
-    they do, those changes: ``git diff --binary HEAD`` (``git apply`` takes it) after a preamble that names the
-    commit and lists the untracked files, which the diff leaves out (their names only). None and None outside
-    a git checkout (an installed wheel: its version says what ran). Left out of both: results/, which holds
-    records, what measuring writes, and the pages (README.md, docs/, the licence and citation), whose tables
-    `make figures` renders from those records: neither is code that runs (``NOT_CODE``)."""
-    def git(*args: str) -> bytes | None:  # (bytes: a diff is not always UTF-8, nor its line ends \n)
-        try:
-            out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return out.stdout if out.returncode == 0 else None
-
-    def text(out: bytes | None) -> str | None:
-        return None if out is None else out.decode(errors="surrogateescape")
-
-    code = ("--", ".", *(f":!{path}" for path in NOT_CODE))
-    if not (repo / ".git").exists() or (sha := text(git("rev-parse", "HEAD"))) is None:
-        return {"commit": None, "dirty": None}, None
-    sha = sha.strip()
-    status = text(git("status", "--porcelain", "--untracked-files=no", *code))
-    if status is None:  # (git failed: whether the tree is clean is not known)
-        return {"commit": sha, "dirty": None}, None
-    if not status.strip():
-        return {"commit": sha, "dirty": False}, None
-    untracked = (text(git("ls-files", "--others", "--exclude-standard", *code)) or "").splitlines()
-    # the diff as `git apply` takes it, whatever the user's git configuration (colour, prefixes, external tools)
-    diff = git("diff", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", "--src-prefix=a/",
-               "--dst-prefix=b/", "HEAD", *code)
-    if diff is None:  # (git failed: the record says dirty, its tables "the diff was not kept")
-        return {"commit": sha, "dirty": True}, None
-    preamble = [f"The uncommitted changes to the tracked files of {sha} that made the record beside this file",
-                "(git diff --binary HEAD; `git apply` it in a checkout of that commit). Untracked files are not in it"
-                + (f"; there were {len(untracked)}:" if untracked else "; there were none."),
-                *(f"  {name}" for name in untracked), ""]
-    return {"commit": sha, "dirty": True}, ("\n".join(preamble) + "\n").encode(errors="surrogateescape") + diff
-
-
-@functools.cache
-def _this_tree() -> tuple[dict, bytes | None]:
-    return tree(REPO)
-
-
-def commit() -> dict:
-    """This checkout's commit and ``dirty`` (``tree``). Read once, at the first call: the commands call it when
-    they start, so that edits made while a run trains do not count."""
-    return dict(_this_tree()[0])
 
 
 def keep_diff(path: Path, record: dict) -> None:
@@ -81,7 +29,7 @@ def keep_diff(path: Path, record: dict) -> None:
     diff (read with ``commit``) written to ``<record>.diff`` and named in ``record["diff"]`` (the file's name,
     in the record's folder). A record that names its diff already (a benchmark's later command) keeps it. Written
     after the record (``write``): a diff that cannot be written (a full disk) costs a line, never the record."""
-    diff = _this_tree()[1]
+    diff = commits.this_tree()[1]
     if not (record.get("dirty") and "diff" not in record and diff is not None):
         return
     target = path.with_name(path.stem + ".diff")
@@ -172,7 +120,7 @@ def command_line(argv: list[str], command: str = "train") -> str:
 
 def provenance(argv: list[str], command: str, accelerator: str, devices: int) -> dict:
     """What made a figure: the command line, the commit, the date, the machine and the versions."""
-    return {"command": command_line(argv, command), **commit(),
+    return {"command": command_line(argv, command), **commits.commit(),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             **machine(accelerator, devices), "versions": versions()}
 
@@ -183,7 +131,7 @@ def other_code(clock: dict) -> list[dict]:
     checkpoint of a version that kept no trees counts those commands under ``"commit": "not known"``. [] when
     every command ran this command's code: a record of a run resumed on other code says which (``other_code``),
     and the tables mark it."""
-    this = commit()
+    this = commits.commit()
     trees = clock.get("trees") if isinstance(clock.get("trees"), list) else []
     others: dict[tuple, int] = {}
     for t in trees:
