@@ -84,14 +84,18 @@ def wandb_records(path: Path) -> list[bytes]:
     fragments, each behind a 7-byte header (crc, length, type), so a key can straddle a block's end in the raw
     bytes. After the file's own 7-byte header."""
     import struct
+    import zlib
 
     data, block, records, pos, partial = path.read_bytes(), 32768, [], 7, b""
     while pos + 7 <= len(data):
         if block - pos % block < 7:  # a block's tail too short for a header is padding
             pos += block - pos % block
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
         fragment, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind == 0 and length == 0:  # (a block's zero padding)
+            continue
+        assert kind in (1, 2, 3, 4) and zlib.crc32(bytes([kind]) + fragment) == crc, f"{path}: not read in step at {pos}"
         if kind in (1, 2):  # FULL, FIRST
             partial = fragment
         elif kind in (3, 4):  # MIDDLE, LAST

@@ -82,34 +82,72 @@ def test_the_record_of_the_tests_margins_keeps_its_diff_too(tmp_path, monkeypatc
     assert "+lr = 3" in (output.parent / "learned.diff").read_text()
 
 
-def test_a_run_resumed_on_other_code_names_that_code_in_its_record_and_its_tables_mark_it(
+def test_a_run_resumed_or_tested_on_other_code_names_that_code_in_its_record_and_its_tables_mark_it(
         tmp_path, monkeypatch, fake_cifar_session):
     """A run trained an epoch at one commit, then resumed for another on another commit with uncommitted changes:
     its record names the first command's code (``other_code``), and a table marks it § with a note saying which;
-    the record of a run of one commit names none. A command resumed from a checkpoint of a version that kept no
-    code counts the commands before it as not known."""
+    the record of a run of one commit names none. Tested on a third commit, the test's record names both. A
+    checkpoint whose list of code is crafted resumes, and the commands it does not tell are "not known"."""
+    import torch
+
     from helpers import train_here
     from vit.reporting.tables import Notes
 
-    first, second = {"commit": "a" * 40, "dirty": False}, {"commit": "b" * 40, "dirty": True}
+    first, second, third = {"commit": "a" * 40, "dirty": False}, {"commit": "b" * 40, "dirty": True}, \
+        {"commit": "c" * 40, "dirty": False}
     small = ["--model.arch.dim", "32", "--model.arch.depth", "1", "--model.arch.heads", "2", "--trainer.logger", "false"]
     monkeypatch.setattr(commits, "this_tree", lambda: (first, None))
     assert train_here(tmp_path, fake_cifar_session, "--trainer.max_epochs", "1", *small) == 0
-    path = tmp_path / "runs/smoke/version_0/results.json"
-    assert "other_code" not in json.loads(path.read_text())
-    monkeypatch.setattr(commits, "this_tree", lambda: (second, None))
+    run = tmp_path / "runs/smoke/version_0"
+    assert "other_code" not in json.loads((run / "results.json").read_text())
+    monkeypatch.setattr(commits, "this_tree", lambda: (second, b"the changes"))
     assert train_here(tmp_path, fake_cifar_session, "--trainer.max_epochs", "2", "--ckpt_path", "last", *small) == 0
-    record = json.loads(path.read_text())
+    record = json.loads((run / "results.json").read_text())
     assert (record["commit"], record["dirty"], record["commands"]) == ("b" * 40, True, 2)
-    assert record["other_code"] == [{"commit": "a" * 40, "dirty": False, "commands": 1}]
+    assert record["other_code"] == [{"commit": "a" * 40, "dirty": False, "changes": None, "commands": 1}]
     notes = Notes(tmp_path)
-    assert notes.made(path, record) == "†§"
-    assert ("§ [results](runs/smoke/version_0/results.json): the run was also trained by commands of other code "
-            "than its record's commit: `aaaaaaa` (1 command).") in notes.lines()
-    assert results.other_code({"commands": 3, "trees": [second]}) == [{"commit": "not known", "dirty": None,
-                                                                      "commands": 2}]
-    assert results.other_code({"commands": 2, "trees": [first, {"commit": "a" * 40, "dirty": True}]}) == [
-        {"commit": "a" * 40, "dirty": False, "commands": 1}, {"commit": "a" * 40, "dirty": True, "commands": 1}]
+    assert notes.made(run / "results.json", record) == "†§"
+    assert ("§ [results](runs/smoke/version_0/results.json): commands of other code than its record's commit trained "
+            "the run: `aaaaaaa` (1 command).") in notes.lines()
+
+    monkeypatch.setattr(commits, "this_tree", lambda: (third, None))
+    last = run / "checkpoints/last.ckpt"
+    assert train_here(tmp_path, fake_cifar_session, "test", "--ckpt_path", str(last), *small) == 0
+    tested = json.loads((run / "results-last.json").read_text())
+    assert [(o["commit"][:1], o["dirty"], o["commands"]) for o in tested["other_code"]] == [("a", False, 1),
+                                                                                           ("b", True, 1)]
+    notes = Notes(tmp_path)
+    assert notes.made(run / "results-last.json", tested) == "§"
+    assert "`aaaaaaa` (1 command), `bbbbbbb` with uncommitted changes (1 command)." in notes.lines()[-1]
+
+    ckpt = torch.load(last, weights_only=True)
+    clock = next(k for k in ckpt["callbacks"] if k.startswith("TrainingClock"))
+    ckpt["callbacks"][clock]["trees"] = [1, {"commit": ["x"]}]  # crafted
+    torch.save(ckpt, last)
+    monkeypatch.setattr(commits, "this_tree", lambda: (second, b"other changes"))
+    assert train_here(tmp_path, fake_cifar_session, "--trainer.max_epochs", "3", "--ckpt_path", "last", *small) == 0
+    record = json.loads((run / "results.json").read_text())
+    assert [(o["commit"], o["commands"]) for o in record["other_code"]] == [("not known", 2)]
+    notes = Notes(tmp_path)
+    notes.made(run / "results.json", record)
+    assert "code that its checkpoint does not tell (2 commands)." in notes.lines()[-1]
+
+
+def test_other_code_counts_each_command_of_a_run_by_its_commit_and_changes():
+    this = commits.code()
+    same_commit_other_changes = {**this, "dirty": True, "changes": "0123456789abcdef"}
+    assert results.other_code({"commands": 2, "trees": [this, this]}) == []
+    assert results.other_code({"commands": 3, "trees": [same_commit_other_changes, this]}) == [
+        {**same_commit_other_changes, "commands": 1}, {"commit": "not known", "dirty": None, "changes": None,
+                                                       "commands": 1}]
+    assert results.other_code({"commands": "x", "trees": "y"}) == []  # (crafted: nothing it can tell)
+    from vit.reporting.tables import Notes
+
+    notes, record = Notes(Path("/runs")), {"commit": "b" * 40, "dirty": True, "other_code": [
+        {"commit": "b" * 40, "dirty": True, "changes": "0123456789abcdef", "commands": 2}]}
+    assert notes.made(Path("/runs/x/results.json"), record) == "†§"
+    assert notes.lines()[-1] == ("§ [results](x/results.json): commands of other code than its record's commit trained "
+                                 "the run: `bbbbbbb` with other uncommitted changes (2 commands).")
 
 
 def test_a_diff_in_any_encoding_under_any_git_configuration_applies_and_one_not_written_costs_no_record(

@@ -98,6 +98,10 @@ class Notes:
     def _dirty(self, path: Path, r: dict) -> str:
         if not r.get("dirty"):
             return ""
+        if not (isinstance(r.get("commit"), (str, type(None))) and isinstance(r.get("diff"), (str, type(None)))):
+            raise ConfigError(f"{path}: dirty: a record made from uncommitted changes names its commit and the file of "
+                              f"its diff as strings (vit.training.results.keep_diff), got commit {r.get('commit')!r} "
+                              f"and diff {r.get('diff')!r}")
         diff = path.parent / r["diff"] if r.get("diff") else None
         kept = diff is not None and diff.is_file()
         self.dirty.setdefault((r.get("commit") or "no commit")[:7], []).append(diff if kept else None)
@@ -108,14 +112,22 @@ class Notes:
         if not other:
             return ""
         if not (isinstance(other, list) and all(isinstance(o, dict) and isinstance(o.get("commands"), int)
-                                                for o in other)):
+                                                and isinstance(o.get("commit"), (str, type(None))) for o in other)):
             raise ConfigError(f"{path}: other_code: takes [{{\"commit\": ..., \"dirty\": ..., \"commands\": N}}, "
                               f"...] (vit.training.results.other_code), got {other!r}")
-        code = ", ".join(f"`{str(o.get('commit') or 'no commit')[:7]}`"
-                         + (" with uncommitted changes" if o.get("dirty") else "")
-                         + f" ({o['commands']} command{'s' if o['commands'] != 1 else ''})" for o in other)
-        self.other.append(f"{OTHER_CODE} [{path.stem}]({_link(path, self.base)}): the run was also trained by "
-                          f"commands of other code than its record's commit: {code}.")
+
+        def code(o: dict) -> str:
+            if o["commit"] is None:
+                return "a copy installed without git"
+            if o["commit"] == "not known":
+                return "code that its checkpoint does not tell"
+            changes = ("other uncommitted changes" if o["commit"] == r.get("commit") and r.get("dirty") else
+                       "uncommitted changes")
+            return f"`{o['commit'][:7]}`" + (f" with {changes}" if o.get("dirty") else "")
+
+        which = ", ".join(f"{code(o)} ({o['commands']} command{'s' if o['commands'] != 1 else ''})" for o in other)
+        self.other.append(f"{OTHER_CODE} [{path.stem}]({_link(path, self.base)}): commands of other code than its "
+                          f"record's commit trained the run: {which}.")
         return OTHER_CODE
 
     def filled(self, path: Path, r: dict, device: bool) -> str:

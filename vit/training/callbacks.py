@@ -14,7 +14,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from vit.training.guards import wall_seconds
-from vit.training.commits import commit
+from vit.training.commits import code, code_of
 from vit.training.loggers import wandb_logger
 
 
@@ -33,8 +33,8 @@ class TrainingClock(L.Callback):
     Of those seconds, the validation epochs' are counted too (``validation_seconds``): the seconds spent
     training alone (``train_seconds``) are the clock of TimeToAccuracy, as speed records count them.
 
-    And the code each command ran (``trees``: its commit and ``dirty``, vit.training.commits.commit), so that the
-    record of a run resumed on other code says so (``results.other_code``)."""
+    And the code each command ran (``trees``: its commit, ``dirty`` and changes, vit.training.commits.code), so
+    that the record of a run resumed on other code says so (``results.other_code``)."""
 
     def __init__(self):
         # of the attempts this run resumed from
@@ -115,14 +115,14 @@ class TrainingClock(L.Callback):
                 "epochs": round(trainer.global_step / per_epoch, 2),
                 "train_images_per_second": round(images / seconds, 1) if seconds > 0 else None,
                 "wall_seconds": round(self.before["wall_seconds"] + wall_seconds(), 1),
-                "commands": self.before["commands"] + 1, "trees": [*self.before["trees"], commit()],
+                "commands": self.before["commands"] + 1, "trees": [*self.before["trees"], code()],
                 "validation_seconds": round(self.validation_seconds(), 3),
                 "first_batches_seconds": round(self.before["first_batches_seconds"] + self.first_batches, 3)}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.before = {**self.before, **state_dict}  # (a checkpoint without wall_seconds: 0 before this command)
-        trees = self.before["trees"]  # (none kept before a version that kept them: that code is not known)
-        self.before["trees"] = [t for t in trees if isinstance(t, dict)] if isinstance(trees, list) else []
+        trees = self.before["trees"]  # (none kept before a version that kept them: results.other_code counts those)
+        self.before["trees"] = [code_of(t) for t in trees] if isinstance(trees, list) else []
 
     @staticmethod
     def of(checkpoint: dict) -> dict:

@@ -1,10 +1,11 @@
 """Which code a process runs: the commit checked out and its uncommitted changes (``tree``), read once per
 process (``this_tree``, ``commit``). A run's record names them (vit.training.results), and so does each command of
-a run in its checkpoints (vit.training.callbacks.TrainingClock)."""
+a run in its checkpoints (``code``, vit.training.callbacks.TrainingClock)."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import subprocess
 from pathlib import Path
 
@@ -61,3 +62,24 @@ def commit() -> dict:
     """This checkout's commit and ``dirty`` (``tree``). Read once, at the first call: the commands call it when
     they start, so that edits made while a run trains do not count."""
     return dict(this_tree()[0])
+
+
+# the code of a command that a checkpoint does not tell (written before checkpoints kept it, or not as ``code`` writes)
+NOT_KNOWN = {"commit": "not known", "dirty": None, "changes": None}
+
+
+def code() -> dict:
+    """This process's entry in the list of the code each command of a run ran (TrainingClock's ``trees``): its
+    commit, ``dirty``, and a digest of its uncommitted changes (``changes``), so that two commands of one commit
+    with other changes differ."""
+    state, diff = this_tree()
+    return {**state, "changes": hashlib.blake2b(diff, digest_size=8).hexdigest() if diff else None}
+
+
+def code_of(entry) -> dict:
+    """An entry of that list read back from a checkpoint: as ``code`` wrote it, or else (crafted, edited) NOT_KNOWN."""
+    if isinstance(entry, dict) and isinstance(entry.get("commit"), (str, type(None))) \
+            and any(entry.get("dirty") is v for v in (True, False, None)) \
+            and isinstance(entry.get("changes"), (str, type(None))):
+        return {key: entry.get(key) for key in NOT_KNOWN}
+    return dict(NOT_KNOWN)

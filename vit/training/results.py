@@ -127,22 +127,23 @@ def provenance(argv: list[str], command: str, accelerator: str, devices: int) ->
 
 def other_code(clock: dict) -> list[dict]:
     """The code other than this command's that commands of a run ran (TrainingClock's ``trees``: each command's
-    commit and ``dirty``), one entry per commit and state with its count of ``commands``; a run resumed from a
-    checkpoint of a version that kept no trees counts those commands under ``"commit": "not known"``. [] when
-    every command ran this command's code: a record of a run resumed on other code says which (``other_code``),
-    and the tables mark it."""
-    this = commits.commit()
-    trees = clock.get("trees") if isinstance(clock.get("trees"), list) else []
+    commit, ``dirty`` and digest of its changes, vit.training.commits.code), one entry per code with its count of
+    ``commands``; a command the checkpoint does not tell (one resumed from a checkpoint of a version that kept no
+    trees, or an entry not as ``code`` writes it) counts under ``"commit": "not known"``. [] when every command
+    ran this command's code: the record of a run resumed, or tested, on other code says which, and the tables
+    mark it. (A copy installed without git has commit None in every command: those are not told apart.)"""
+    this = commits.code()
+    raw = clock.get("trees")
+    trees = [commits.code_of(t) for t in raw] if isinstance(raw, list) else []
+    commands = clock.get("commands")
+    if isinstance(commands, int) and commands > len(trees):
+        trees += [dict(commits.NOT_KNOWN)] * (commands - len(trees))
     others: dict[tuple, int] = {}
     for t in trees:
-        key = (t.get("commit"), t.get("dirty"))
-        if key != (this["commit"], this["dirty"]):
+        if t != this:
+            key = (t["commit"], t["dirty"], t["changes"])
             others[key] = others.get(key, 0) + 1
-    commands = clock.get("commands")
-    unknown = commands - len(trees) if isinstance(commands, int) and commands > len(trees) and trees else 0
-    if unknown:
-        others[("not known", None)] = unknown
-    return [{"commit": c, "dirty": d, "commands": n} for (c, d), n in others.items()]
+    return [{"commit": c, "dirty": d, "changes": h, "commands": n} for (c, d, h), n in others.items()]
 
 
 def make(*, recipe: str, argv: list[str], accelerator: str, devices: int, metrics: dict, **measured) -> dict:
