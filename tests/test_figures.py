@@ -127,6 +127,17 @@ def test_a_record_made_from_uncommitted_changes_is_marked_with_where_its_diff_is
     rendered = tables.render("<!-- figures: benchmark-cpu -->\n<!-- /figures -->\n", tmp_path, page)
     assert "`0123456`† 2026-11-25." in rendered
     assert "\n\n† made from uncommitted changes to `0123456`; the diff was not kept.\n" in rendered
+    for edited, refused in (({"commit": 5}, "commit: takes"), ({"commit": ["x"]}, "commit: takes"),
+                            ({"diff": 7}, "diff: takes")):  # a record edited by hand: one line, never a traceback
+        (tmp_path / "cpu" / "02-cpu.json").write_text(json.dumps(run_record(dirty=True, **edited)))
+        with pytest.raises(ConfigError, match=f"02-cpu.json: {refused}"):
+            tables.render("<!-- figures: cpu -->\n<!-- /figures -->\n", tmp_path, page)
+    other = [{"commit": "aaaaaaa" + "0" * 33, "dirty": False, "changes": None, "commands": 2}]
+    (tmp_path / "cpu" / "02-cpu.json").write_text(json.dumps(run_record(other_code=other)))
+    rendered = tables.render("<!-- figures: cpu -->\n<!-- /figures -->\n", tmp_path, page)
+    assert "`0123456`§ 2026-11-25 |" in rendered
+    assert ("\n\n§ [02-cpu](../cpu/02-cpu.json): commands of other code than its record's commit trained the run: "
+            "`aaaaaaa` (2 commands).\n") in rendered
 
 
 def test_a_corrected_record_is_marked_where_its_filled_in_fields_are(tmp_path):

@@ -278,7 +278,7 @@ def test_a_table_marks_a_row_with_a_record_made_from_uncommitted_changes_and_say
     (folder / "base-s1" / "results.json").write_text(json.dumps({**record, "dirty": True, "diff": 5}))  # edited
     assert main(["table", str(plan), "--runs", "runs"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and "base-s1/results.json: dirty:" in err and err.count("\n") == 1, err
+    assert err.startswith("error: ") and "base-s1/results.json: diff: takes" in err and err.count("\n") == 1, err
 
 
 @pytest.mark.long

@@ -54,6 +54,12 @@ def test_a_record_of_a_dirty_tree_keeps_its_diff_and_one_of_a_clean_tree_none(tm
     diff = (dirty / "results-last.diff").read_text()
     assert sha in diff and "Untracked files are not in it; there were 1:\n  scratch.py\n" in diff
     assert "+lr = 2" in diff and "results/old.json" not in diff  # the code's changes, not the records'
+    changes = commits.code()["changes"]
+    (repo / "slurm-1.out").write_text("a job's log\n")  # an untracked file: the same code, the same changes
+    assert changes and commits.code()["changes"] == changes
+    (repo / "code.py").write_text("lr = 3\n")
+    assert commits.code()["changes"] not in (None, changes)
+    (repo / "code.py").write_text("lr = 2\n")
     assert "README.md" not in diff and "docs/results.md" not in diff  # nor the pages'
     copy = tmp_path / "copy"  # the diff, applied to a checkout of the commit, gives the tree that made the record
     git(tmp_path, "clone", "-q", str(repo), str(copy))
@@ -83,14 +89,14 @@ def test_the_record_of_the_tests_margins_keeps_its_diff_too(tmp_path, monkeypatc
 
 
 def test_a_run_resumed_or_tested_on_other_code_names_that_code_in_its_record_and_its_tables_mark_it(
-        tmp_path, monkeypatch, fake_cifar_session):
+        tmp_path, monkeypatch, capsys, fake_cifar_session):
     """A run trained an epoch at one commit, then resumed for another on another commit with uncommitted changes:
     its record names the first command's code (``other_code``), and a table marks it § with a note saying which;
     the record of a run of one commit names none. Tested on a third commit, the test's record names both. A
     checkpoint whose list of code is crafted resumes, and the commands it does not tell are "not known"."""
     import torch
 
-    from helpers import train_here
+    from helpers import errors_of, train_here
     from vit.reporting.tables import Notes
 
     first, second, third = {"commit": "a" * 40, "dirty": False}, {"commit": "b" * 40, "dirty": True}, \
@@ -132,6 +138,17 @@ def test_a_run_resumed_or_tested_on_other_code_names_that_code_in_its_record_and
     notes.made(run / "results.json", record)
     assert "code that its checkpoint does not tell (2 commands)." in notes.lines()[-1]
 
+    ckpt = torch.load(last, weights_only=True)
+    ckpt["callbacks"][clock]["commands"] = "3"  # edited: refused in one line before any work, resumed or tested
+    torch.save(ckpt, last)
+    for command in (["--trainer.max_epochs", "4", "--ckpt_path", "last"], ["test", "--ckpt_path", str(last)]):
+        capsys.readouterr()
+        assert train_here(tmp_path, fake_cifar_session, *command, *small) == 2
+        named = last if command[0] == "test" else "runs/smoke/version_0/checkpoints/last.ckpt"
+        assert errors_of(capsys) == [f"error: {named}: its training clock (TrainingClock) is not as this program "
+                                     "writes it (commands '3'): resume from another checkpoint of the run, or start "
+                                     "a new run"]
+
 
 def test_other_code_counts_each_command_of_a_run_by_its_commit_and_changes():
     this = commits.code()
@@ -141,6 +158,7 @@ def test_other_code_counts_each_command_of_a_run_by_its_commit_and_changes():
         {**same_commit_other_changes, "commands": 1}, {"commit": "not known", "dirty": None, "changes": None,
                                                        "commands": 1}]
     assert results.other_code({"commands": "x", "trees": "y"}) == []  # (crafted: nothing it can tell)
+    assert results.other_code({"commands": 1, "trees": [same_commit_other_changes, this]}) == []  # (its last)
     from vit.reporting.tables import Notes
 
     notes, record = Notes(Path("/runs")), {"commit": "b" * 40, "dirty": True, "other_code": [
@@ -148,6 +166,11 @@ def test_other_code_counts_each_command_of_a_run_by_its_commit_and_changes():
     assert notes.made(Path("/runs/x/results.json"), record) == "†§"
     assert notes.lines()[-1] == ("§ [results](x/results.json): commands of other code than its record's commit trained "
                                  "the run: `bbbbbbb` with other uncommitted changes (2 commands).")
+    record["other_code"] = [{"commit": "b" * 40, "dirty": False, "commands": 1}, {"commit": "a" * 40, "dirty": None,
+                                                                                 "commands": 1}]
+    notes.made(Path("/runs/x/results.json"), record)
+    assert notes.lines()[-1].endswith(": `bbbbbbb` without uncommitted changes (1 command), `aaaaaaa`, whether with "
+                                      "uncommitted changes not known (1 command).")
 
 
 def test_a_diff_in_any_encoding_under_any_git_configuration_applies_and_one_not_written_costs_no_record(

@@ -32,7 +32,7 @@ from vit import configs, exits, failures
 from vit.cluster import gpus, launch, run_lock, runs
 from vit.reporting import report
 from vit.training import commits, loggers, results
-from vit.training.callbacks import LogConfig, run_callbacks
+from vit.training.callbacks import LogConfig, TrainingClock, run_callbacks
 from vit.training.guards import StopAfterMinutes, Watchdog
 from vit.training.progress import ProgressBar
 from vit.models.checkpoints import old_option, read_checkpoint, refuse_removed
@@ -237,6 +237,8 @@ class ViTCLI(LightningCLI):
         else:
             run, self.resume = runs.open_for_fit(root, cfg.ckpt_path, cfg.run, vars(cfg.model.arch), self.claimed)
             launch.apply_allocation(cfg.trainer)
+        if self.resume:
+            TrainingClock.check(self.resume[1], self.resume[0])
         os.environ[runs.ENV] = str(run)  # the processes Lightning's DDP launcher starts use this folder too
         os.environ[runs.RESUMES] = str(self.resume[0]) if self.resume else ""  # and this checkpoint
         known = self.resume[1].get("vit", {}).get("wandb_run_id") if self.resume else None

@@ -68,8 +68,9 @@ def _device(r: dict) -> str:
 
 
 def _provenance(path: Path, r: dict, base: Path, notes: Notes) -> str:
+    made = notes.made(path, r)  # (first: it checks the record's commit)
     commit = (r.get("commit") or "no commit")[:7]  # (the record says more: the machine's load)
-    return f"[{path.stem}]({_link(path, base)}) `{commit}`{notes.made(path, r)} {r['date'][:10]}"
+    return f"[{path.stem}]({_link(path, base)}) `{commit}`{made} {r['date'][:10]}"
 
 
 def _link(path: Path, base: Path) -> str:
@@ -92,16 +93,17 @@ class Notes:
 
     def made(self, path: Path, r: dict) -> str:
         """The marks after a record's commit: † when uncommitted changes to it made the record, § when commands
-        on other code trained the run too."""
+        on other code trained the run too. It checks the record's ``commit`` first (a string, or null)."""
+        if not isinstance(r.get("commit"), (str, type(None))):
+            raise ConfigError(f"{path}: commit: takes the commit's hash (a string), or null, got {r.get('commit')!r}")
         return self._dirty(path, r) + self._other(path, r)
 
     def _dirty(self, path: Path, r: dict) -> str:
         if not r.get("dirty"):
             return ""
-        if not (isinstance(r.get("commit"), (str, type(None))) and isinstance(r.get("diff"), (str, type(None)))):
-            raise ConfigError(f"{path}: dirty: a record made from uncommitted changes names its commit and the file of "
-                              f"its diff as strings (vit.training.results.keep_diff), got commit {r.get('commit')!r} "
-                              f"and diff {r.get('diff')!r}")
+        if not isinstance(r.get("diff"), (str, type(None))):
+            raise ConfigError(f"{path}: diff: takes the name of the file beside the record that holds its uncommitted "
+                              f"changes (vit.training.results.keep_diff), got {r.get('diff')!r}")
         diff = path.parent / r["diff"] if r.get("diff") else None
         kept = diff is not None and diff.is_file()
         self.dirty.setdefault((r.get("commit") or "no commit")[:7], []).append(diff if kept else None)
@@ -121,9 +123,13 @@ class Notes:
                 return "a copy installed without git"
             if o["commit"] == "not known":
                 return "code that its checkpoint does not tell"
-            changes = ("other uncommitted changes" if o["commit"] == r.get("commit") and r.get("dirty") else
-                       "uncommitted changes")
-            return f"`{o['commit'][:7]}`" + (f" with {changes}" if o.get("dirty") else "")
+            same = o["commit"] == r.get("commit")  # (then it differs from the record's in its changes)
+            changes = ("" if o.get("dirty") is False and not same else
+                       " without uncommitted changes" if o.get("dirty") is False else
+                       " with other uncommitted changes" if same and r.get("dirty") else
+                       " with uncommitted changes" if o.get("dirty") else
+                       ", whether with uncommitted changes not known")
+            return f"`{o['commit'][:7]}`{changes}"
 
         which = ", ".join(f"{code(o)} ({o['commands']} command{'s' if o['commands'] != 1 else ''})" for o in other)
         self.other.append(f"{OTHER_CODE} [{path.stem}]({_link(path, self.base)}): commands of other code than its "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import subprocess
 from pathlib import Path
 
@@ -20,10 +21,15 @@ def tree(repo: Path) -> tuple[dict, bytes | None]:
     commit and lists the untracked files, which the diff leaves out (their names only). None and None outside
     a git checkout (an installed wheel: its version says what ran). Left out of both: results/, which holds
     records, what measuring writes, and the pages (README.md, docs/, the licence and citation), whose tables
-    `make figures` renders from those records: neither is code that runs (``NOT_CODE``)."""
+    `make figures` renders from those records: neither is code that runs (``NOT_CODE``). The state of a dirty
+    tree also has ``changes``: a digest of the diff alone (not of the untracked files' names: a job's new log
+    file is not other code). Git takes no lock (GIT_OPTIONAL_LOCKS=0): the user's own git commands at a job's
+    start do not fail on this one's index.lock."""
+    environment = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
+
     def git(*args: str) -> bytes | None:  # (bytes: a diff is not always UTF-8, nor its line ends \n)
         try:
-            out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, timeout=30)
+            out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, timeout=30, env=environment)
         except (OSError, subprocess.TimeoutExpired):
             return None
         return out.stdout if out.returncode == 0 else None
@@ -41,16 +47,20 @@ def tree(repo: Path) -> tuple[dict, bytes | None]:
     if not status.strip():
         return {"commit": sha, "dirty": False}, None
     untracked = (text(git("ls-files", "--others", "--exclude-standard", *code)) or "").splitlines()
-    # the diff as `git apply` takes it, whatever the user's git configuration (colour, prefixes, external tools)
+    # the diff as `git apply` takes it, and the same bytes for the same changes, whatever the user's git
+    # configuration (colour, prefixes, external tools, diff algorithm, context, renames; run at the top, paths
+    # are never relative)
     diff = git("diff", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", "--src-prefix=a/",
-               "--dst-prefix=b/", "HEAD", *code)
+               "--dst-prefix=b/", "--diff-algorithm=myers", "--unified=3", "--no-renames",
+               "HEAD", *code)
     if diff is None:  # (git failed: the record says dirty, its tables "the diff was not kept")
         return {"commit": sha, "dirty": True}, None
     preamble = [f"The uncommitted changes to the tracked files of {sha} that made the record beside this file",
                 "(git diff --binary HEAD; `git apply` it in a checkout of that commit). Untracked files are not in it"
                 + (f"; there were {len(untracked)}:" if untracked else "; there were none."),
                 *(f"  {name}" for name in untracked), ""]
-    return {"commit": sha, "dirty": True}, ("\n".join(preamble) + "\n").encode(errors="surrogateescape") + diff
+    return {"commit": sha, "dirty": True, "changes": hashlib.blake2b(diff, digest_size=8).hexdigest()}, \
+        ("\n".join(preamble) + "\n").encode(errors="surrogateescape") + diff
 
 
 @functools.cache
@@ -61,7 +71,8 @@ def this_tree() -> tuple[dict, bytes | None]:
 def commit() -> dict:
     """This checkout's commit and ``dirty`` (``tree``). Read once, at the first call: the commands call it when
     they start, so that edits made while a run trains do not count."""
-    return dict(this_tree()[0])
+    state = this_tree()[0]
+    return {"commit": state["commit"], "dirty": state["dirty"]}
 
 
 # the code of a command that a checkpoint does not tell (written before checkpoints kept it, or not as ``code`` writes)
@@ -72,8 +83,7 @@ def code() -> dict:
     """This process's entry in the list of the code each command of a run ran (TrainingClock's ``trees``): its
     commit, ``dirty``, and a digest of its uncommitted changes (``changes``), so that two commands of one commit
     with other changes differ."""
-    state, diff = this_tree()
-    return {**state, "changes": hashlib.blake2b(diff, digest_size=8).hexdigest() if diff else None}
+    return {**commit(), "changes": this_tree()[0].get("changes")}
 
 
 def code_of(entry) -> dict:
