@@ -141,13 +141,55 @@ def test_a_run_resumed_or_tested_on_other_code_names_that_code_in_its_record_and
     ckpt = torch.load(last, weights_only=True)
     ckpt["callbacks"][clock]["commands"] = "3"  # edited: refused in one line before any work, resumed or tested
     torch.save(ckpt, last)
+    resumed = "runs/smoke/version_0/checkpoints/last.ckpt"
     for command in (["--trainer.max_epochs", "4", "--ckpt_path", "last"], ["test", "--ckpt_path", str(last)]):
         capsys.readouterr()
         assert train_here(tmp_path, fake_cifar_session, *command, *small) == 2
-        named = last if command[0] == "test" else "runs/smoke/version_0/checkpoints/last.ckpt"
-        assert errors_of(capsys) == [f"error: {named}: its training clock (TrainingClock) is not as this program "
-                                     "writes it (commands '3'): resume from another checkpoint of the run, or start "
-                                     "a new run"]
+        then = "test another checkpoint" if command[0] == "test" else \
+            "resume from another checkpoint of the run, or start a new run"
+        assert errors_of(capsys) == [f"error: {last if command[0] == 'test' else resumed}: its training clock "
+                                     f"(TrainingClock) is not as this program writes it (commands '3'): {then}"]
+    assert sorted(p.name for p in (tmp_path / "runs/smoke").iterdir()) == ["version_0"]  # (no folder left)
+
+
+def test_a_training_clock_not_as_written_is_refused_in_one_line_and_one_as_written_is_not():
+    """vit.models.checkpoints.check_clock: what TrainingClock writes passes (a figure an earlier version did not
+    write may be missing; images/s may be None); an edited or crafted figure is refused, naming it."""
+    import pytest
+
+    from vit.exits import CheckpointError
+    from vit.models.checkpoints import check_clock
+
+    written = {"training_seconds": 12.5, "train_images": 400, "steps": 8, "epochs": 1.0, "commands": 2,
+               "train_images_per_second": None, "wall_seconds": 30.1, "validation_seconds": 0.0,
+               "first_batches_seconds": 1.2, "trees": "anything: read leniently"}
+    check_clock({"callbacks": {"TrainingClock": written}}, "x.ckpt")
+    check_clock({"callbacks": {"TrainingClock": {"train_images": 400, "steps": 8}}}, "x.ckpt")  # an older version's
+    check_clock({"callbacks": None}, "x.ckpt")
+    check_clock({"callbacks": {"TrainingClockLogger": {"epochs": "every"}}}, "x.ckpt")  # (another callback's)
+    for key, value, shown in (("commands", None, "None"), ("training_seconds", None, "None"), ("steps", 10 ** 400,
+                              "a number past 2**63"), ("commands", 2.5, "2.5"), ("epochs", float("nan"), "nan"),
+                              ("train_images", True, "True"), ("wall_seconds", -1.0, "-1.0")):
+        with pytest.raises(CheckpointError) as refused:
+            check_clock({"callbacks": {"TrainingClock": {**written, key: value}}}, "x.ckpt")
+        assert str(refused.value) == ("x.ckpt: its training clock (TrainingClock) is not as this program writes it "
+                                      f"({key} {shown}): resume from another checkpoint of the run, or start a new run")
+    with pytest.raises(CheckpointError, match="[(]a list[)]: test another checkpoint$"):
+        check_clock({"callbacks": {"TrainingClock": [1]}}, "x.ckpt", testing=True)
+
+
+def test_the_digest_of_changes_is_the_same_whatever_the_users_git_settings(tmp_path, monkeypatch):
+    repo = checkout(tmp_path / "repo")
+    (repo / "code.py").write_text("lr = 2\n" + "".join(f"x{i} = {i}\n" for i in range(30)) + "y = 1\n")
+    git(repo, "add", "code.py")
+    git(repo, "commit", "-q", "-m", "longer")
+    (repo / "code.py").write_text("lr = 3\n" + "".join(f"x{i} = {i}\n" for i in range(30)) + "y = 2\n")
+    monkeypatch.setattr(commits, "this_tree", lambda: commits.tree(repo))
+    changes = commits.code()["changes"]
+    for setting in ("diff.algorithm=patience", "diff.context=10", "core.abbrev=12", "diff.interHunkContext=40",
+                    "diff.noprefix=true", "diff.renames=copies", "color.diff=always"):
+        git(repo, "config", *setting.split("="))
+        assert commits.code()["changes"] == changes, setting
 
 
 def test_other_code_counts_each_command_of_a_run_by_its_commit_and_changes():
@@ -159,6 +201,7 @@ def test_other_code_counts_each_command_of_a_run_by_its_commit_and_changes():
                                                        "commands": 1}]
     assert results.other_code({"commands": "x", "trees": "y"}) == []  # (crafted: nothing it can tell)
     assert results.other_code({"commands": 1, "trees": [same_commit_other_changes, this]}) == []  # (its last)
+    assert results.other_code({"commands": 0, "trees": [same_commit_other_changes]}) == []
     from vit.reporting.tables import Notes
 
     notes, record = Notes(Path("/runs")), {"commit": "b" * 40, "dirty": True, "other_code": [

@@ -284,11 +284,12 @@ def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict
 
     from vit.cluster import run_lock
     from vit.cluster.checkpoint_io import remove_drafts
-    from vit.models.checkpoints import check_fits
+    from vit.models.checkpoints import check_clock, check_fits
 
     given = read_checkpoint(ckpt_path) if ckpt_path not in (None, "last") else None
     if given is not None:
         check_fits(given, arch, ckpt_path)
+        check_clock(given, ckpt_path)
     existed = set(root.iterdir()) if root.is_dir() else set()
     run, note, found = resolve(root, ckpt_path, name)
     told = None
@@ -311,6 +312,7 @@ def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict
     if resume_from is not None:
         ckpt = ckpt or read_checkpoint(resume_from)
         check_fits(ckpt, arch, ckpt_path)
+        check_clock(ckpt, resume_from)
         resume = (resume_from, ckpt)
     rank_zero_info(note or f"run folder: {run}")
     if rank_zero_only.rank == 0 and (drafts := remove_drafts(run / CHECKPOINTS)):

@@ -32,10 +32,10 @@ from vit import configs, exits, failures
 from vit.cluster import gpus, launch, run_lock, runs
 from vit.reporting import report
 from vit.training import commits, loggers, results
-from vit.training.callbacks import LogConfig, TrainingClock, run_callbacks
+from vit.training.callbacks import LogConfig, run_callbacks
 from vit.training.guards import StopAfterMinutes, Watchdog
 from vit.training.progress import ProgressBar
-from vit.models.checkpoints import old_option, read_checkpoint, refuse_removed
+from vit.models.checkpoints import check_clock, old_option, read_checkpoint, refuse_removed
 from vit.data.datamodules import split_batch
 from vit.exits import ConfigError, Stopped
 from vit.training.loggers import quiet_lightning
@@ -230,6 +230,7 @@ class ViTCLI(LightningCLI):
                 raise ConfigError("test needs --ckpt_path CKPT, the checkpoint file to evaluate")
             ckpt = read_checkpoint(cfg.ckpt_path)
             refuse_removed(ckpt, cfg.ckpt_path, resume=False)
+            check_clock(ckpt, cfg.ckpt_path, testing=True)
             hparams = {k: v for k, v in ckpt.get("hyper_parameters", {}).items() if not k.startswith("_")}
             self.config = cfg = self.parser.parse_object({"model": hparams}, cfg)  # the checkpoint's model
             run = runs.run_of(Path(cfg.ckpt_path)) or runs.claim_new_version(root)
@@ -237,8 +238,6 @@ class ViTCLI(LightningCLI):
         else:
             run, self.resume = runs.open_for_fit(root, cfg.ckpt_path, cfg.run, vars(cfg.model.arch), self.claimed)
             launch.apply_allocation(cfg.trainer)
-        if self.resume:
-            TrainingClock.check(self.resume[1], self.resume[0])
         os.environ[runs.ENV] = str(run)  # the processes Lightning's DDP launcher starts use this folder too
         os.environ[runs.RESUMES] = str(self.resume[0]) if self.resume else ""  # and this checkpoint
         known = self.resume[1].get("vit", {}).get("wandb_run_id") if self.resume else None

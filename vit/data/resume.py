@@ -213,7 +213,7 @@ def earlier_global_batch(ckpt: dict) -> int | None:
     (seldom a whole number) and the scheduler the first; such a run's data position was already misplaced by
     that resume. None: neither reads as a whole number (then a mid-epoch resume is refused:
     ``check_earlier_version``)."""
-    clock = next((v for k, v in dig(ckpt, "callbacks").items() if k.startswith("TrainingClock")), None)
+    clock = dig(ckpt, "callbacks").get("TrainingClock")  # (vit.training.callbacks.TrainingClock's state_key)
     clock = clock if isinstance(clock, dict) else {}
     images, steps = clock.get("train_images"), clock.get("steps")
     if isinstance(images, int) and isinstance(steps, int) and steps > 0 and images % steps == 0:

@@ -3,6 +3,7 @@ every failure turned into one CheckpointError that names the file and the reason
 
 from __future__ import annotations
 
+import math
 import pickle
 from pathlib import Path
 from typing import NamedTuple
@@ -160,3 +161,41 @@ def check_fits(ckpt: dict, arch: dict, name: str | None) -> None:
     if diff:
         raise CheckpointError(f"{name or 'the last checkpoint'}: its model does not fit "
                               f"this command line ({'; '.join(diff)})")
+
+
+# a run's training clock in a checkpoint (vit.training.callbacks.TrainingClock, its state_key): the whole numbers
+# and the other figures its state_dict writes (None only where it writes None: no images/s without seconds)
+CLOCK_COUNTS = ("train_images", "steps", "commands")
+CLOCK_FIGURES = ("training_seconds", "epochs", "wall_seconds", "validation_seconds", "first_batches_seconds")
+
+
+def check_clock(ckpt: dict, name, testing: bool = False) -> None:
+    """A checkpoint's training clock as TrainingClock writes it, or one line before any work (CheckpointError):
+    an edited or crafted one would stop the run part way with a traceback, or its values would reach the record.
+    A figure an earlier version did not write may be missing; its ``trees`` are read leniently (an entry not as
+    vit.training.commits.code writes it is code not known)."""
+    callbacks = ckpt.get("callbacks")
+    state = callbacks.get("TrainingClock") if isinstance(callbacks, dict) else None
+    if state is None:
+        return
+
+    def fits(key: str) -> bool:
+        value = state[key]
+        if key == "train_images_per_second" and value is None:
+            return True
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if key in CLOCK_COUNTS and not isinstance(value, int):
+            return False
+        return 0 <= value < 2 ** 63 if isinstance(value, int) else value >= 0 and math.isfinite(value)
+
+    def shown(value) -> str:  # (a crafted whole number may have more digits than Python writes out)
+        return "a number past 2**63" if isinstance(value, int) and value.bit_length() > 63 else repr(value)[:40]
+
+    keys = (*CLOCK_COUNTS, *CLOCK_FIGURES, "train_images_per_second")
+    bad = [key for key in keys if key in state and not fits(key)] if isinstance(state, dict) else []
+    if not isinstance(state, dict) or bad:
+        what = ", ".join(f"{key} {shown(state[key])}" for key in bad) if bad else f"a {type(state).__name__}"
+        then = "test another checkpoint" if testing else "resume from another checkpoint of the run, or start a new run"
+        raise CheckpointError(f"{name}: its training clock (TrainingClock) is not as this program writes it ({what}): "
+                              f"{then}")

@@ -5,7 +5,6 @@ shows (vit.training.progress), seeding (vit.data.seeding), exact resume (vit.dat
 
 from __future__ import annotations
 
-import math
 import time
 
 import lightning as L
@@ -130,31 +129,8 @@ class TrainingClock(L.Callback):
         """The clock's state in a checkpoint ({} for one written without it)."""
         callbacks = checkpoint.get("callbacks")
         callbacks = callbacks if isinstance(callbacks, dict) else {}
-        state = next((v for k, v in callbacks.items() if str(k).startswith("TrainingClock")), {})
+        state = callbacks.get("TrainingClock", {})  # (its state_key: the class's name)
         return state if isinstance(state, dict) else {}
-
-    # the state's figures: numbers (None: not measured), as state_dict writes them
-    FIGURES = ("training_seconds", "train_images", "steps", "epochs", "train_images_per_second", "wall_seconds",
-               "commands", "validation_seconds", "first_batches_seconds")
-
-    @classmethod
-    def check(cls, checkpoint: dict, name) -> None:
-        """A checkpoint's clock as ``state_dict`` writes it, or one line before any work (CheckpointError): an
-        edited or crafted one would stop the run part way, or write its figures into the record. (Its ``trees``
-        are read leniently: an entry not as vit.training.commits.code writes it is code not known.)"""
-        from vit.exits import CheckpointError
-
-        callbacks = checkpoint.get("callbacks")
-        states = [v for k, v in callbacks.items() if str(k).startswith("TrainingClock")] \
-            if isinstance(callbacks, dict) else []
-        for state in states:
-            bad = [key for key in cls.FIGURES if isinstance(state, dict) and state.get(key) is not None
-                   and (isinstance(state[key], bool) or not isinstance(state[key], (int, float))
-                        or not math.isfinite(state[key]) or state[key] < 0)]
-            if not isinstance(state, dict) or bad:
-                what = ", ".join(f"{key} {state[key]!r}" for key in bad) if bad else f"{type(state).__name__}"
-                raise CheckpointError(f"{name}: its training clock (TrainingClock) is not as this program writes it "
-                                      f"({what}): resume from another checkpoint of the run, or start a new run")
 
 
 class TimeToAccuracy(L.Callback):

@@ -29,7 +29,8 @@ def tree(repo: Path) -> tuple[dict, bytes | None]:
 
     def git(*args: str) -> bytes | None:  # (bytes: a diff is not always UTF-8, nor its line ends \n)
         try:
-            out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, timeout=30, env=environment)
+            out = subprocess.run(["git", "-c", "core.quotePath=true", "-c", "diff.suppressBlankEmpty=false", *args],
+                                 cwd=repo, capture_output=True, timeout=30, env=environment)
         except (OSError, subprocess.TimeoutExpired):
             return None
         return out.stdout if out.returncode == 0 else None
@@ -48,11 +49,11 @@ def tree(repo: Path) -> tuple[dict, bytes | None]:
         return {"commit": sha, "dirty": False}, None
     untracked = (text(git("ls-files", "--others", "--exclude-standard", *code)) or "").splitlines()
     # the diff as `git apply` takes it, and the same bytes for the same changes, whatever the user's git
-    # configuration (colour, prefixes, external tools, diff algorithm, context, renames; run at the top, paths
-    # are never relative)
+    # configuration (colour, prefixes, external tools, diff algorithm, context, hunks, renames, order, abbreviated
+    # hashes, quoted paths; run at the top, its paths are never relative)
     diff = git("diff", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", "--src-prefix=a/",
-               "--dst-prefix=b/", "--diff-algorithm=myers", "--unified=3", "--no-renames",
-               "HEAD", *code)
+               "--dst-prefix=b/", "--diff-algorithm=myers", "--unified=3", "--inter-hunk-context=0", "--no-renames",
+               "--full-index", f"-O{os.devnull}", "HEAD", *code)
     if diff is None:  # (git failed: the record says dirty, its tables "the diff was not kept")
         return {"commit": sha, "dirty": True}, None
     preamble = [f"The uncommitted changes to the tracked files of {sha} that made the record beside this file",

@@ -138,8 +138,8 @@ def other_code(clock: dict) -> list[dict]:
     commands = clock.get("commands")
     if isinstance(commands, int) and commands > len(trees):
         trees += [dict(commits.NOT_KNOWN)] * (commands - len(trees))
-    elif isinstance(commands, int) and commands > 0:  # (a crafted list longer than the commands: their last)
-        trees = trees[-commands:]
+    elif isinstance(commands, int) and commands >= 0:  # (a crafted list longer than the commands: their last)
+        trees = trees[len(trees) - commands:]
     others: dict[tuple, int] = {}
     for t in trees:
         if t != this:
