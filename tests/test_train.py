@@ -390,27 +390,42 @@ def test_a_run_leaves_figures_drawn_from_its_logged_metrics(smoke_run, fake_cifa
 
 
 @pytest.mark.long
-def test_time_budget_schedule_decays_over_the_budget(tmp_path, fake_cifar_session, caplog):
-    """max_time cuts the run wherever it is: the cosine, laid over the budget, is near min_lr by then, and
-    the resize stages end at their shares of the budget (one line at each switch)."""
+def test_time_budget_schedule_decays_over_the_budget(tmp_path, fake_cifar_session, caplog, monkeypatch):
+    """max_time cuts the run wherever it is: the cosine, laid over the budget, reaches min_lr by then, and
+    the resize stages end at their shares of the budget (one line at each switch). The Timer reads a clock
+    that moves 1/8 s at each batch's start, so the run's steps and lrs are the same on any machine."""
+    import types
+
+    import lightning.pytorch.callbacks.timer as timer
+    from timm.scheduler import CosineLRScheduler
+
+    clock = types.SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(timer, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
+    monkeypatch.setattr(timer.Timer, "on_train_batch_start",
+                        lambda self, *args: setattr(clock, "now", clock.now + 0.125), raising=False)
     assert train_here(tmp_path, fake_cifar_session, "--trainer.max_epochs", "-1", "--trainer.max_time", "00:00:00:08",
                       "--trainer.logger", "vit.training.loggers.CSVLogger", "--trainer.log_every_n_steps", "1",
                       "--test_after_fit", "false", "--model.schedule.resize_stages", "[[16, 0.3], [24, 0.6]]") == 0
     out = caplog.text
     assert "then cosine to 0.0001 at 8 s of training" in out and "Time limit reached" in out, out[-2000:]
     switches = re.findall(r"step (\d+): training on (\d+)-px images \((\d+) patch tokens\)", out)
-    assert [(size, tokens) for _, size, tokens in switches] == [("16", "16"), ("24", "36"), ("32", "64")]
-    assert 0 == int(switches[0][0]) < int(switches[1][0]) < int(switches[2][0])
+    # the size moves after the step whose clock reaches 0.3 and 0.6 of the 8 s: 2.4 s and 4.8 s, at 1/8 s a step
+    assert [tuple(map(int, s)) for s in switches] == [(0, 16, 16), (20, 24, 36), (39, 32, 64)]
     from vit.reporting import report
 
     lr = [v for _, v in report.read_metrics(tmp_path / "runs/smoke/version_0/metrics.csv")["lr-AdamW/pg1"]]
-    peak = 2e-3 * 50 / 128
-    assert len(lr) > 8 and max(lr) > 0.9 * peak  # more than one epoch (8 steps), warmed up to the peak
-    decay = lr[lr.index(max(lr)):]
-    assert all(b <= a * (1 + 1e-6) for a, b in zip(decay, decay[1:]))  # then only down,
-    # to near the bottom of the cosine: the last update comes a step and a validation before the clock stops
-    # (on a busy machine, more than a second of the 8), so the margin is wide
-    assert lr[-1] < 1e-4 + 0.3 * (peak - 1e-4), lr[-1]
+    assert len(lr) == 64  # the 64 steps of 8 s, at 1/8 s each
+    # each step's lr is timm's warmup (8 steps: one epoch) and then the cosine over the seconds after the warmup
+    peak, warmup = 2e-3 * 50 / 128, 8
+    optimizer = torch.optim.SGD([torch.zeros(1)], lr=peak)
+    timm = CosineLRScheduler(optimizer, t_initial=10_000, lr_min=1e-4, warmup_t=warmup, warmup_lr_init=peak * 1e-3,
+                             warmup_prefix=True, t_in_epochs=False)
+    end_of_warmup = (warmup + 1) * 0.125  # the clock at the first step after the warmup
+    updates = [step if step <= warmup else warmup + round((step * 0.125 - end_of_warmup) / (8 - end_of_warmup) * 10_000)
+               for step in range(64)]
+    expected = [timm.step_update(u) or optimizer.param_groups[0]["lr"] for u in updates]
+    assert lr == pytest.approx(expected, rel=1e-6)
+    assert lr[-1] < 1e-4 + 0.01 * (peak - 1e-4)  # the last step's lr is at the cosine's end
 
 
 def test_without_a_gpu_the_default_is_the_cpu_recipe(tmp_path, fake_cifar_session):
