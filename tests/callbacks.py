@@ -40,10 +40,38 @@ class SlowSteps(L.Callback):
         time.sleep(self.seconds)
 
 
+class HoldAtStep(L.Callback):
+    """At the end of optimizer step ``step``, each process writes ``<run>/held.<rank>`` and waits there
+    (``seconds`` at most) until it got SIGUSR1 (``until="signal"``: vit's StopOnSignal noted it) or until
+    ``<run>/go`` exists (``until="go"``), so that a test acts while the run is at a known step, on any machine.
+    (A resumed attempt starts past that step, and does not wait again.)"""
+
+    def __init__(self, step: int = 2, until: str = "signal", seconds: float = 600):
+        self.step, self.until, self.seconds = step, until, seconds
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        import time
+        from pathlib import Path
+
+        from vit.training.guards import StopOnSignal
+
+        if trainer.global_step != self.step:
+            return
+        run = Path(trainer.default_root_dir)
+        (run / f"held.{trainer.global_rank}").write_text(f"{time.time()}\n")
+        (stop,) = [c for c in trainer.callbacks if isinstance(c, StopOnSignal)]
+        deadline = time.monotonic() + self.seconds
+        while not (stop.signalled if self.until == "signal" else (run / "go").exists()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"HoldAtStep: nothing came within {self.seconds} s")
+            time.sleep(0.05)
+
+
 class StallRank(L.Callback):
     """Rank ``rank`` stops answering for ``seconds``, as a stuck or desynchronised process: after epoch 0, or
     (``in_validation``) after its second validation batch in epoch 0, while the others go on to the
-    validation's end and wait there for it in a collective."""
+    validation's end and wait there for it in a collective. It first writes the time into
+    ``<run>/stalled.<rank>``."""
 
     def __init__(self, rank: int = 1, seconds: float = 25, in_validation: bool = False):
         self.rank, self.seconds, self.in_validation = rank, seconds, in_validation
@@ -51,7 +79,9 @@ class StallRank(L.Callback):
     def stall(self, trainer) -> None:
         if trainer.global_rank == self.rank and trainer.current_epoch == 0 and not trainer.sanity_checking:
             import time
+            from pathlib import Path
 
+            (Path(trainer.default_root_dir) / f"stalled.{self.rank}").write_text(f"{time.time()}\n")
             time.sleep(self.seconds)
 
     def on_train_epoch_end(self, trainer, pl_module):

@@ -119,28 +119,34 @@ def test_time_to_accuracy_records_each_threshold_once_on_the_runs_clock():
     assert all(logged[f"time_to/wall_val_acc_{t}"] > 0 for t in ("0.90", "0.93"))
 
 
-def test_time_to_accuracy_counts_the_training_epochs_alone():
-    """Validation's seconds (resumed ones included) are not training seconds; the wall clock counts them."""
-    import time
+def test_time_to_accuracy_counts_the_training_epochs_alone(monkeypatch):
+    """Validation's seconds (resumed ones included) are not training seconds; the wall clock counts them. (The
+    clock is moved by hand, so the figures are exact on any machine.)"""
     from types import SimpleNamespace
 
+    import vit.training.callbacks as callbacks
     from vit.training.callbacks import TimeToAccuracy, TrainingClock
 
+    now = SimpleNamespace(seconds=500.0)
+    monkeypatch.setattr(callbacks, "time", SimpleNamespace(perf_counter=lambda: now.seconds))
     clock = TrainingClock()
     clock.load_state_dict({"training_seconds": 100.0, "validation_seconds": 30.0})
     trainer = SimpleNamespace(sanity_checking=False, callbacks=[clock])
-    clock.started = time.perf_counter()
+    clock.started = now.seconds
+    now.seconds += 5.0  # five seconds of training,
     clock.on_validation_start(trainer, None)
-    time.sleep(0.2)
+    now.seconds += 0.25  # a quarter of a second of validation
+    assert clock.validation_seconds() == 30.25 and clock.train_seconds() == 75.0  # (counted while it runs)
     clock.on_validation_end(trainer, None)
-    assert clock.validation_seconds() >= 30.2
-    assert clock.train_seconds() < 70.1  # 100 s of fit, 30 of them validation, and this one's 0.2 s
+    now.seconds += 1.0  # and another second of training
+    assert clock.validation_seconds() == 30.25
+    assert clock.train_seconds() == 76.0  # 100 s resumed, 30 of them validation; 6.25 s here, 0.25 validation
     cb = TimeToAccuracy(thresholds=(0.5,))
     logged = {}
     trainer = SimpleNamespace(callback_metrics={"val/acc": torch.tensor(0.6)}, sanity_checking=False,
                               current_epoch=3, global_step=30, callbacks=[cb, clock])
     cb.on_validation_epoch_end(trainer, SimpleNamespace(log_dict=logged.update))
-    assert logged["time_to/val_acc_0.50"] < 70.1 and clock.seconds() >= 100.19
+    assert logged["time_to/val_acc_0.50"] == 76.0 and clock.seconds() == 106.25
 
 
 @pytest.mark.parametrize("world", [1, 3])

@@ -79,7 +79,7 @@ def test_a_stuck_data_worker_ends_the_run_with_exit_5_and_where_it_was(tmp_path,
            *smoke_argv(fake_cifar_session, ("--data.num_workers", "2", "--ddp_timeout", "10",
                                             "--trainer.callbacks+=callbacks.StopDataWorkers"), quiet=False)]
     env = {k: v for k, v in os.environ.items() if k not in ("WANDB_API_KEY", "WANDB_MODE")}
-    env.update(PYTHONPATH=str(TESTS), PYTHONUNBUFFERED="1", WANDB_SILENT="true")
+    env.update(PYTHONPATH=os.pathsep.join([str(TESTS), str(ROOT)]), PYTHONUNBUFFERED="1", WANDB_SILENT="true")
     start = time.monotonic()
     with open(tmp_path / "err.txt", "w") as log:  # (a file: the stopped workers would hold a pipe open)
         proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=log,

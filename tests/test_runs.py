@@ -261,7 +261,7 @@ def test_only_process_zero_removes_drafts(tmp_path, monkeypatch):
         monkeypatch.setattr(rank_zero_only, "rank", 1)
         started = time.monotonic()
         runs.open_for_fit(tmp_path / "runs", "last", "x", {}, [])
-        assert draft.is_file() and time.monotonic() - started < 5
+        assert draft.is_file() and time.monotonic() - started < 60  # at once, not after its wait for rank 0
     finally:
         holder.kill()
         holder.wait()

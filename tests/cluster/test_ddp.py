@@ -62,30 +62,15 @@ def test_ddp_with_the_defaults_a_user_gets(tmp_path, fake_cifar_session):
 
 
 def test_a_stuck_process_ends_the_run_with_a_message_not_a_hang(tmp_path, fake_cifar_session):
-    """Rank 1 stops answering after epoch 0 (it sleeps 40 s in a callback) while rank 0 waits for it in a
+    """Rank 1 stops answering after epoch 0 (it sleeps 60 s in a callback) while rank 0 waits for it in a
     collective. With --ddp_timeout 15, rank 1 says within it where it is stuck (the callback's sleep: each
     thread's stack), and rank 0 that it waited for another process (its own watchdog's line, or the lost
-    contact once rank 1 is gone); both exit 5. (15 s also bounds the start, where a loaded machine can take
-    over 5 s to start rank 1.)"""
-    log = tmp_path / "out.txt"
-    cmd = [sys.executable, *TRAIN, "--data.root", str(fake_cifar_session), "--trainer.devices", "2",
-           "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu", "--trainer.max_epochs", "3",
-           "--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--ddp_timeout", "15",
-           "--trainer.callbacks+=callbacks.StallRank", "--trainer.callbacks.seconds", "40"]
-    with open(log, "w") as f:
-        start = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=tmp_path, env=user_env(), stdout=f, stderr=subprocess.STDOUT)
-        try:
-            code = proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            pytest.fail(f"rank 0 still waiting after 120 s:\n{log.read_text()[-3000:]}")
-        seconds = time.monotonic() - start
-    deadline = time.monotonic() + 60  # rank 1's own line, if rank 0 ended first
-    while "error: process 1:" not in log.read_text() and time.monotonic() < deadline:
-        time.sleep(1)
-    out = log.read_text()
-    print(f"rank 0 ended after {seconds:.1f} s with exit {code}")
+    contact once rank 1 is gone); both exit 5, long before rank 1 would wake."""
+    cmd = [sys.executable, *TRAIN, "--data.root", str(fake_cifar_session), *DDP, "--trainer.max_epochs", "3",
+           "--ddp_timeout", "15", "--trainer.callbacks+=callbacks.StallRank", "--trainer.callbacks.seconds", "60"]
+    code, out, ended = run_rank_zero(cmd, tmp_path, timeout=200, until="error: process 1:")
+    stalled = float((tmp_path / "runs" / "smoke" / "version_0" / "stalled.1").read_text())
+    print(f"rank 0 ended {ended - stalled:.1f} s after rank 1 stalled, with exit {code}")
     assert code == 5, out[-3000:]
     assert "error: process 1: no batch started or finished in 15 s: it is stuck" in out, out[-3000:]
     # rank 1 says where: StallRank's sleep (rank 0's stack, when its own watchdog speaks too, is in another
@@ -93,7 +78,7 @@ def test_a_stuck_process_ends_the_run_with_a_message_not_a_hang(tmp_path, fake_c
     assert re.search(r'tests/callbacks\.py", line \d+ in on_train_epoch_end', out), out[-3000:]
     assert "error: process 0: no batch started or finished in 15 s" in out or \
         "error: process 0: lost the other processes of this run" in out, out[-3000:]
-    assert seconds < 60
+    assert ended - stalled < 50  # rank 0 ended long before rank 1's sleep would
 
 
 def run_rank_zero(cmd: list[str], cwd: Path, timeout: float, until: str | None = None) -> tuple[int, str, float]:
@@ -130,14 +115,15 @@ def test_a_collective_stuck_in_validation_ends_the_run_with_exit_5(tmp_path, fak
     cmd = [sys.executable, *TRAIN, "--data.root", str(fake_cifar_session), *DDP, "--trainer.max_epochs", "2",
            "--ddp_timeout", "15", "--trainer.callbacks+=callbacks.StallRank", "--trainer.callbacks.seconds", "40",
            "--trainer.callbacks.in_validation", "true"]
-    start = time.time()
-    code, out, ended = run_rank_zero(cmd, tmp_path, timeout=150, until="error: process 1:")
-    print(f"rank 0 ended after {ended - start:.1f} s with exit {code}")
+    code, out, ended = run_rank_zero(cmd, tmp_path, timeout=200, until="error: process 1:")
+    stalled = float((tmp_path / "runs" / "smoke" / "version_0" / "stalled.1").read_text())
+    print(f"rank 0 ended {ended - stalled:.1f} s after rank 1 stalled, with exit {code}")
     assert code == 5, out[-3000:]
     assert "error: process 1: no batch started or finished in 15 s: it is stuck" in out, out[-3000:]
     assert re.search(r'tests/callbacks\.py", line \d+ in stall', out), out[-3000:]
     assert "error: process 0: no batch started or finished in 15 s" in out or \
         "error: process 0: lost the other processes of this run" in out, out[-3000:]
+    assert ended - stalled < 35  # long before rank 1 would wake
 
 
 def test_a_bug_whose_words_say_timed_out_is_exit_1_with_its_traceback_under_ddp(tmp_path, fake_cifar_session):
@@ -164,7 +150,7 @@ def test_a_process_that_fails_for_a_known_cause_ends_the_others_with_its_line(tm
                                                                               failing, status, reason):
     """One process fails at step 2 — out of device memory (torch's error, raised on CPU), a bad input only it
     read, or a bug (its traceback) — while the other goes on into step 3's gradient all-reduce and waits there. With --ddp_timeout 300,
-    the other ends within 30 s of that error, not 300 s: with the same exit status and a line that names the
+    the other ends seconds after that error, not 300 s: with the same exit status and a line that names the
     failed process and its reason. Rank 1 failing, and rank 0, whose process hosts the process group's store."""
     other = 1 - failing
     cmd = [sys.executable, *TRAIN, "--data.root", str(fake_cifar_session), *DDP, "--trainer.max_epochs", "2",
@@ -180,7 +166,7 @@ def test_a_process_that_fails_for_a_known_cause_ends_the_others_with_its_line(tm
     assert any(line.startswith(told) for line in errors), out[-3000:]  # (rank 1's: within 30 s of rank 0's end)
     # the failed process's own line too, except for a bad input, which every process would say alike (rank 0
     # alone says it: here, for rank 1)
-    assert ended - raised < 30
+    assert ended - raised < 90  # (about 15 s: a poll, a grace and the acknowledgements), not the 300 s
     if status == 1:  # a bug: its traceback, from the process that raised it, and no line of its own
         assert "Traceback (most recent call last)" in out and "KeyError: 'label'" in out, out[-3000:]
         return
@@ -194,6 +180,9 @@ import datetime, os, sys, time
 import torch, torch.distributed as dist
 from vit.failures import lost_contact
 rank, how = int(sys.argv[1]), sys.argv[2]
+open(f"imported.{rank}", "w").close()  # both imported torch (however slowly) before the 5 s of the group start
+while not os.path.exists(f"imported.{1 - rank}"):
+    time.sleep(0.05)
 dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=5))
 dist.all_reduce(torch.ones(1))
 if rank == 1:
@@ -216,10 +205,12 @@ def test_gloos_own_errors_are_lost_contact_and_a_bugs_words_are_not(tmp_path):
     from vit.failures import lost_contact
 
     for how in ("dies", "times out"):
+        for ready in tmp_path.glob("imported.*"):
+            ready.unlink()
         env = user_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         ranks = [subprocess.Popen([sys.executable, "-c", GLOO_PAIR, str(rank), how], env=env, cwd=tmp_path,
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for rank in (0, 1)]
-        out = ranks[0].communicate(timeout=60)[0]
+        out = ranks[0].communicate(timeout=180)[0]
         ranks[1].kill()
         assert out.startswith(f"{how}: True: ["), out
         print(out.strip())

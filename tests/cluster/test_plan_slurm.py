@@ -72,13 +72,14 @@ def submit(plan: Path, runs: Path, data: Path) -> str:
     return re.search(r"submitted job array (\d+)", done.stdout).group(1)
 
 
-def slow_plan(path: Path, runs: str, seconds: float = 0.5) -> Path:
-    """The toy recipe with the defaults (W&B on, the progress bar as the plan leaves it), slowed to ``seconds`` a
-    step (8 steps an epoch, 2 epochs), each step executed written to the run's steps.0."""
+def toy_plan(path: Path, runs: str, hold: str | None = None) -> Path:
+    """The toy recipe with the defaults (W&B on, the progress bar as the plan leaves it; 8 steps an epoch, 2
+    epochs), each step executed written to the run's steps.0; with ``hold``, every run waits at step 2 (HoldAtStep)
+    until that comes."""
     toy = ["--config", "smoke", "--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2",
            "--trainer.max_epochs", "2", "--data.batch_size", "50", "--data.val_size", "100", "--data.num_workers", "0",
-           "--trainer.callbacks+=callbacks.SlowSteps", "--trainer.callbacks.seconds", str(seconds),
-           "--trainer.callbacks+=callbacks.CountSteps"]
+           "--trainer.callbacks+=callbacks.CountSteps",
+           *(["--trainer.callbacks+=callbacks.HoldAtStep", "--trainer.callbacks.until", hold] if hold else [])]
     path.write_text(f"args: {json.dumps(toy)}\nresources: {{cpus: 1, time: \"00:20:00\"}}\nruns: {runs}\n")
     return path
 
@@ -87,9 +88,9 @@ def steps(run: Path) -> list[str]:
     return (run / "steps.0").read_text().split() if (run / "steps.0").exists() else []
 
 
-def wait_for_steps(run: Path, n: int, log: Path) -> None:
+def wait_for_file(path: Path, log: Path) -> None:
     deadline = time.monotonic() + 600
-    while len(steps(run)) < n:
+    while not path.exists():
         assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:] if log.exists() else "no log"
         time.sleep(0.2)
 
@@ -97,12 +98,14 @@ def wait_for_steps(run: Path, n: int, log: Path) -> None:
 def test_a_plans_task_signalled_mid_epoch_stops_requeues_and_completes(slurm, tmp_path, fake_cifar_session):
     """SIGUSR1 to task 0 of a real two-task array in its first epoch, to its batch shell too (`scancel --full`, as
     `--signal=B:...` would): the run stops where it resumes (exit 4), the task requeues and completes, the other
-    task is untouched, each run has its record, one W&B run each."""
-    plan = slow_plan(tmp_path / "pair.yaml", "[{name: base}, {name: nowd, args: [--model.optimizer.weight_decay, 0]}]")
+    task is untouched, each run has its record, one W&B run each. (Task 0 waits at step 2 until the signal comes,
+    so it stops at the same step on any machine.)"""
+    plan = toy_plan(tmp_path / "pair.yaml", "[{name: base, args: ['--trainer.callbacks+=callbacks.HoldAtStep']}, "
+                                             "{name: nowd, args: [--model.optimizer.weight_decay, 0]}]")
     runs = tmp_path / "runs"
     job = submit(plan, runs, fake_cifar_session)
     run, log = runs / "pair" / "base", runs / "pair" / f"slurm-{job}_0.out"
-    wait_for_steps(run, 2, log)
+    wait_for_file(run / "held.0", log)
     subprocess.run(["scancel", "--full", "--signal=USR1", f"{job}_0"], check=True)
     records = {task: wait(f"{job}_{task}", runs / "pair", timeout=900) for task in (0, 1)}
     out = log.read_text(errors="replace")
@@ -111,7 +114,8 @@ def test_a_plans_task_signalled_mid_epoch_stops_requeues_and_completes(slurm, tm
     stop = re.search(r"stopped: SLURM job \S+ got SIGUSR1 .*: stopped at step (\d+), in epoch 0, and saved it to "
                      r"\S+step\.ckpt \([\d.]+ s\)\. Requeued by the job array of pair\.yaml \(vit-plan submit\) under "
                      r"the same id", out)
-    assert stop and 2 <= int(stop.group(1)) < 8, out[-4000:]
+    # the processes look for a signal every log_every_n_steps steps (the smoke recipe's 5): the first look after it
+    assert stop and int(stop.group(1)) == 5, out[-4000:]
     assert "requeueing task 0" in out and "task 0 of pair.yaml (restart 1)" in out
     assert f"resuming {run} from its step.ckpt" in out and "Traceback" not in out
     executed = steps(run)
@@ -127,13 +131,15 @@ def test_a_plans_task_signalled_mid_epoch_stops_requeues_and_completes(slurm, tm
 def test_the_same_plan_submitted_again_while_its_array_runs_loses_nothing(slurm, tmp_path, fake_cifar_session):
     """The second array's task finds the run folder held by the first's: it ends at once with exit 2 and one line
     naming the holder, removing nothing; the first trains every step once and leaves one record."""
-    plan = slow_plan(tmp_path / "one.yaml", "[{name: base}]", seconds=8)  # (still training when submitted again)
+    # (the first waits at step 2 until the second has ended: still training when submitted again, on any machine)
+    plan = toy_plan(tmp_path / "one.yaml", "[{name: base}]", hold="go")
     runs = tmp_path / "runs"
     first = submit(plan, runs, fake_cifar_session)
     run = runs / "one" / "base"
-    wait_for_steps(run, 2, runs / "one" / f"slurm-{first}_0.out")
+    wait_for_file(run / "held.0", runs / "one" / f"slurm-{first}_0.out")
     second = submit(plan, runs, fake_cifar_session)
     again = wait(f"{second}_0", runs / "one", timeout=600)
+    (run / "go").touch()
     out = (runs / "one" / f"slurm-{second}_0.out").read_text(errors="replace")
     assert again["JobState"] == "FAILED" and again["ExitCode"] == "2:0", out[-3000:]
     (line,) = [line for line in out.splitlines() if line.startswith("error:")]
