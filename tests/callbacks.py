@@ -28,34 +28,23 @@ class PoisonAtEpoch(L.Callback):
                 pl_module.model.head.weight.fill_(float("inf"))
 
 
-class SlowSteps(L.Callback):
-    """Sleep after each training step, so that a signal can arrive in the middle of an epoch."""
-
-    def __init__(self, seconds: float = 0.2):
-        self.seconds = seconds
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        import time
-
-        time.sleep(self.seconds)
-
-
 class HoldAtStep(L.Callback):
     """At the end of optimizer step ``step``, each process writes ``<run>/held.<rank>`` and waits there
     (``seconds`` at most) until it got SIGUSR1 (``until="signal"``: vit's StopOnSignal noted it) or until
     ``<run>/go`` exists (``until="go"``), so that a test acts while the run is at a known step, on any machine.
-    (A resumed attempt starts past that step, and does not wait again.)"""
+    Only in a job's first attempt (SLURM_RESTART_COUNT unset or 0): a requeued one goes on."""
 
-    def __init__(self, step: int = 2, until: str = "signal", seconds: float = 600):
+    def __init__(self, step: int = 2, until: str = "signal", seconds: float = 300):
         self.step, self.until, self.seconds = step, until, seconds
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        import os
         import time
         from pathlib import Path
 
         from vit.training.guards import StopOnSignal
 
-        if trainer.global_step != self.step:
+        if trainer.global_step != self.step or os.environ.get("SLURM_RESTART_COUNT", "0") != "0":
             return
         run = Path(trainer.default_root_dir)
         (run / f"held.{trainer.global_rank}").write_text(f"{time.time()}\n")
@@ -95,7 +84,8 @@ class StallRank(L.Callback):
 
 class StopDataWorkers(L.Callback):
     """At step ``step``, every DataLoader worker of this process stops (SIGSTOP): alive, and never answering
-    again, as a worker stuck on a lock its fork copied mid-use."""
+    again, as a worker stuck on a lock its fork copied mid-use. It then writes the time into
+    ``<run>/stopped.<rank>``."""
 
     def __init__(self, step: int = 2):
         self.step = step
@@ -105,9 +95,12 @@ class StopDataWorkers(L.Callback):
             import multiprocessing
             import os
             import signal
+            import time
+            from pathlib import Path
 
             for worker in multiprocessing.active_children():
                 os.kill(worker.pid, signal.SIGSTOP)
+            (Path(trainer.default_root_dir) / f"stopped.{trainer.global_rank}").write_text(f"{time.time()}\n")
 
 
 class RaiseMidTraining(L.Callback):

@@ -188,22 +188,21 @@ def test_a_user_drops_images_on_the_page_in_a_real_browser(browser, demo, traine
 
 @pytest.mark.long
 def test_twenty_large_photos_dropped_at_once_all_come_back(browser, demo, tmp_path):
-    """One 4000×3000 photo, then 20 of them at once, each on a fresh page: every result comes back, the twenty
-    within thrice the time of one photo each. (One photo is timed again after the twenty, and the slower of its
-    two times counts: the machine's pace, on a machine whose load comes and goes.)"""
+    """One 4000×3000 photo, then 20 of them at once, each on a fresh page: every result comes back. (The
+    seconds are printed, not bounded: no record measures them.)"""
     url, log = demo
     big = photo(tmp_path / "photo00.jpg", 4000, 3000)
     photos = [big] + [shutil.copy(big, tmp_path / f"photo{i:02d}.jpg") for i in range(1, 20)]
     seconds = {}
-    for count in (1, 20, 1):
+    for count in (1, 20):
         open_page(browser, url)
         start = time.monotonic()
         upload(browser, photos[:count])
-        results(browser, count, timeout=600)
-        seconds[count] = max(seconds.get(count, 0.0), time.monotonic() - start)
+        shown = results(browser, count, timeout=600)
+        seconds[count] = time.monotonic() - start
+        assert len(shown) == count and all(result.text.strip() for result in shown)  # each with its answer
         assert_local_resources(browser)
     print(f"one 4000×3000 photo: {seconds[1]:.1f} s; 20 of them: {seconds[20]:.1f} s")
-    assert seconds[20] < 3 * 20 * seconds[1]
 
 
 def open_page(browser, url: str) -> None:

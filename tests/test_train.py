@@ -399,10 +399,19 @@ def test_time_budget_schedule_decays_over_the_budget(tmp_path, fake_cifar_sessio
     import lightning.pytorch.callbacks.timer as timer
     from timm.scheduler import CosineLRScheduler
 
+    from vit.data.resume import StepEndTimer
+
     clock = types.SimpleNamespace(now=1000.0)
+
+    def tick(self, *args) -> None:
+        clock.now += 0.125
+        if clock.now > 1016:  # twice the budget: the Timer did not stop the run (a failure, not an endless run)
+            raise AssertionError("--trainer.max_time did not stop the run")
+
+    # (Lightning's Timer and vit's have no hook at a batch's start: this one is the test's alone)
+    assert "on_train_batch_start" not in vars(timer.Timer) and "on_train_batch_start" not in vars(StepEndTimer)
     monkeypatch.setattr(timer, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
-    monkeypatch.setattr(timer.Timer, "on_train_batch_start",
-                        lambda self, *args: setattr(clock, "now", clock.now + 0.125), raising=False)
+    monkeypatch.setattr(timer.Timer, "on_train_batch_start", tick, raising=False)
     assert train_here(tmp_path, fake_cifar_session, "--trainer.max_epochs", "-1", "--trainer.max_time", "00:00:00:08",
                       "--trainer.logger", "vit.training.loggers.CSVLogger", "--trainer.log_every_n_steps", "1",
                       "--test_after_fit", "false", "--model.schedule.resize_stages", "[[16, 0.3], [24, 0.6]]") == 0

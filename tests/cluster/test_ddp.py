@@ -181,7 +181,10 @@ import torch, torch.distributed as dist
 from vit.failures import lost_contact
 rank, how = int(sys.argv[1]), sys.argv[2]
 open(f"imported.{rank}", "w").close()  # both imported torch (however slowly) before the 5 s of the group start
+deadline = time.monotonic() + 120
 while not os.path.exists(f"imported.{1 - rank}"):
+    if time.monotonic() > deadline:
+        sys.exit(f"process {1 - rank} did not start within 120 s")
     time.sleep(0.05)
 dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=5))
 dist.all_reduce(torch.ones(1))
@@ -210,8 +213,12 @@ def test_gloos_own_errors_are_lost_contact_and_a_bugs_words_are_not(tmp_path):
         env = user_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         ranks = [subprocess.Popen([sys.executable, "-c", GLOO_PAIR, str(rank), how], env=env, cwd=tmp_path,
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for rank in (0, 1)]
-        out = ranks[0].communicate(timeout=180)[0]
-        ranks[1].kill()
+        try:
+            out = ranks[0].communicate(timeout=180)[0]
+        finally:
+            for process in ranks:
+                process.kill()
+                process.wait()
         assert out.startswith(f"{how}: True: ["), out
         print(out.strip())
     for error in (dist.DistBackendError, dist.DistNetworkError, dist.DistStoreError):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from launch import ROOT, user_env, wait
+from launch import FINAL, ROOT, user_env, wait
+from launch import job as job_record
 
 
 def test_a_two_run_plan_is_one_job_array_whose_tasks_leave_both_records_and_the_table(slurm, tmp_path,
@@ -75,7 +76,7 @@ def submit(plan: Path, runs: Path, data: Path) -> str:
 def toy_plan(path: Path, runs: str, hold: str | None = None) -> Path:
     """The toy recipe with the defaults (W&B on, the progress bar as the plan leaves it; 8 steps an epoch, 2
     epochs), each step executed written to the run's steps.0; with ``hold``, every run waits at step 2 (HoldAtStep)
-    until that comes."""
+    until SIGUSR1 comes (``hold="signal"``) or until its folder has a file ``go`` (``hold="go"``)."""
     toy = ["--config", "smoke", "--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2",
            "--trainer.max_epochs", "2", "--data.batch_size", "50", "--data.val_size", "100", "--data.num_workers", "0",
            "--trainer.callbacks+=callbacks.CountSteps",
@@ -88,10 +89,13 @@ def steps(run: Path) -> list[str]:
     return (run / "steps.0").read_text().split() if (run / "steps.0").exists() else []
 
 
-def wait_for_file(path: Path, log: Path) -> None:
+def wait_for_file(path: Path, task: str, log: Path) -> None:
+    """Until ``path`` exists; the test fails (and ``task`` is cancelled) if the task ends first, or after 600 s."""
     deadline = time.monotonic() + 600
     while not path.exists():
-        assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:] if log.exists() else "no log"
+        if time.monotonic() > deadline or job_record(task).get("JobState") in FINAL:
+            subprocess.run(["scancel", task])  # (not left waiting for the next tests)
+            raise AssertionError(log.read_text(errors="replace")[-3000:] if log.exists() else "no log")
         time.sleep(0.2)
 
 
@@ -105,7 +109,7 @@ def test_a_plans_task_signalled_mid_epoch_stops_requeues_and_completes(slurm, tm
     runs = tmp_path / "runs"
     job = submit(plan, runs, fake_cifar_session)
     run, log = runs / "pair" / "base", runs / "pair" / f"slurm-{job}_0.out"
-    wait_for_file(run / "held.0", log)
+    wait_for_file(run / "held.0", f"{job}_0", log)
     subprocess.run(["scancel", "--full", "--signal=USR1", f"{job}_0"], check=True)
     records = {task: wait(f"{job}_{task}", runs / "pair", timeout=900) for task in (0, 1)}
     out = log.read_text(errors="replace")
@@ -136,10 +140,12 @@ def test_the_same_plan_submitted_again_while_its_array_runs_loses_nothing(slurm,
     runs = tmp_path / "runs"
     first = submit(plan, runs, fake_cifar_session)
     run = runs / "one" / "base"
-    wait_for_file(run / "held.0", runs / "one" / f"slurm-{first}_0.out")
-    second = submit(plan, runs, fake_cifar_session)
-    again = wait(f"{second}_0", runs / "one", timeout=600)
-    (run / "go").touch()
+    wait_for_file(run / "held.0", f"{first}_0", runs / "one" / f"slurm-{first}_0.out")
+    try:
+        second = submit(plan, runs, fake_cifar_session)
+        again = wait(f"{second}_0", runs / "one", timeout=600)
+    finally:
+        (run / "go").touch()  # the first goes on, whatever became of the second
     out = (runs / "one" / f"slurm-{second}_0.out").read_text(errors="replace")
     assert again["JobState"] == "FAILED" and again["ExitCode"] == "2:0", out[-3000:]
     (line,) = [line for line in out.splitlines() if line.startswith("error:")]
