@@ -32,6 +32,7 @@ import torch
 from torch.utils.data import Dataset, DistributedSampler
 
 from vit.exits import ConfigError
+from vit.models.checkpoints import clock_state
 from vit.data.seeding import epoch_seed
 
 
@@ -213,7 +214,7 @@ def earlier_global_batch(ckpt: dict) -> int | None:
     (seldom a whole number) and the scheduler the first; such a run's data position was already misplaced by
     that resume. None: neither reads as a whole number (then a mid-epoch resume is refused:
     ``check_earlier_version``)."""
-    clock = dig(ckpt, "callbacks").get("TrainingClock")  # (vit.training.callbacks.TrainingClock's state_key)
+    clock = clock_state(ckpt)
     clock = clock if isinstance(clock, dict) else {}
     images, steps = clock.get("train_images"), clock.get("steps")
     if isinstance(images, int) and isinstance(steps, int) and steps > 0 and images % steps == 0:

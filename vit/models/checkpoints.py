@@ -163,8 +163,17 @@ def check_fits(ckpt: dict, arch: dict, name: str | None) -> None:
                               f"this command line ({'; '.join(diff)})")
 
 
-# a run's training clock in a checkpoint (vit.training.callbacks.TrainingClock, its state_key): the whole numbers
-# and the other figures its state_dict writes (None only where it writes None: no images/s without seconds)
+CLOCK = "TrainingClock"  # the key of a run's training clock among a checkpoint's callbacks (its class's name)
+
+
+def clock_state(ckpt: dict):
+    """A checkpoint's training clock (vit.training.callbacks.TrainingClock) as stored: None without one."""
+    callbacks = ckpt.get("callbacks")
+    return callbacks.get(CLOCK) if isinstance(callbacks, dict) else None
+
+
+# the whole numbers and the other figures the clock's state_dict writes (None only where it writes None: no
+# images/s without seconds)
 CLOCK_COUNTS = ("train_images", "steps", "commands")
 CLOCK_FIGURES = ("training_seconds", "epochs", "wall_seconds", "validation_seconds", "first_batches_seconds")
 
@@ -174,8 +183,7 @@ def check_clock(ckpt: dict, name, testing: bool = False) -> None:
     an edited or crafted one would stop the run part way with a traceback, or its values would reach the record.
     A figure an earlier version did not write may be missing; its ``trees`` are read leniently (an entry not as
     vit.training.commits.code writes it is code not known)."""
-    callbacks = ckpt.get("callbacks")
-    state = callbacks.get("TrainingClock") if isinstance(callbacks, dict) else None
+    state = clock_state(ckpt)
     if state is None:
         return
 

@@ -14,6 +14,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from vit.training.guards import wall_seconds
+from vit.models.checkpoints import CLOCK, clock_state
 from vit.training.commits import code, code_of
 from vit.training.loggers import wandb_logger
 
@@ -124,12 +125,14 @@ class TrainingClock(L.Callback):
         trees = self.before["trees"]  # (none kept before a version that kept them: results.other_code counts those)
         self.before["trees"] = [code_of(t) for t in trees] if isinstance(trees, list) else []
 
+    @property
+    def state_key(self) -> str:
+        return CLOCK  # (Lightning's default, the class's name: where checkpoints keep it)
+
     @staticmethod
     def of(checkpoint: dict) -> dict:
         """The clock's state in a checkpoint ({} for one written without it)."""
-        callbacks = checkpoint.get("callbacks")
-        callbacks = callbacks if isinstance(callbacks, dict) else {}
-        state = callbacks.get("TrainingClock", {})  # (its state_key: the class's name)
+        state = clock_state(checkpoint)
         return state if isinstance(state, dict) else {}
 
 
