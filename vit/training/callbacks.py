@@ -13,8 +13,8 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
-from vit.training.guards import wall_seconds
 from vit.models.checkpoints import CLOCK, clock_state
+from vit.training.guards import wall_seconds
 from vit.training.commits import code, code_of
 from vit.training.loggers import wandb_logger
 
