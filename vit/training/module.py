@@ -317,7 +317,9 @@ class ViTClassifier(L.LightningModule):
     def _evaluate(self, batch, loss_metric, acc, acc5, prefix: str):
         images, labels = batch
         logits = self(images)
-        loss_metric(F.cross_entropy(logits, labels), weight=len(labels))
+        # each image's loss: the epoch's value is their mean over every image, whatever the batches' sizes (a
+        # batch's mean with weight= would not do: MeanMetric's nan_strategy "disable" drops the weights)
+        loss_metric(F.cross_entropy(logits, labels, reduction="none"))
         acc(logits, labels)
         acc5(logits, labels)
         self.log_dict({f"{prefix}/loss": loss_metric, f"{prefix}/acc": acc, f"{prefix}/acc5": acc5},
