@@ -68,7 +68,7 @@ def test_with_mixup_b_times_k_keeps_the_lr_and_the_images_of_each_optimizer_step
     mixing = ["--config", "vit_cifar10", "--data.root", str(fake_cifar_session), "--data.val_size", "100",
               "--data.num_workers", "0", "--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads",
               "2", "--trainer.precision", "32-true", "--trainer.accelerator", "cpu", "--trainer.devices", "1",
-              "--trainer.max_epochs", "1", "--trainer.callbacks+=callbacks.RecordBatches", *OFF]
+              "--model.compile", "false", "--trainer.max_epochs", "1", "--trainer.callbacks+=callbacks.RecordBatches", *OFF]
     monkeypatch.setenv("WANDB_MODE", "disabled")
     seen, lrs = {}, {}
     for batch, k in ((40, 1), (20, 2)):

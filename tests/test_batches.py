@@ -10,7 +10,7 @@ from vit import configs
 from vit.data.datamodules import MIN_SHARE, split_batch
 from vit.exits import ConfigError
 
-MIXING = {"vit_cifar10", "vit_cifar10_fast", "vit_tiny_cifar10"}  # Mixup/CutMix on (timm's needs an even batch)
+MIXING = {"vit_cifar10", "vit_cifar10_fast", "vit_cifar10_lee", "vit_tiny_cifar10"}  # Mixup/CutMix on (timm's needs an even batch)
 
 
 def mixes(recipe: str) -> bool:

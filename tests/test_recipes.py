@@ -11,7 +11,7 @@ import yaml
 from vit import configs
 from helpers import ROOT, TEST_LINE
 
-HERE = ["smoke", "cpu", "vit_cifar10", "vit_tiny_cifar10", "finetune_cifar10"]
+HERE = ["smoke", "cpu", "vit_cifar10", "vit_cifar10_lee", "vit_tiny_cifar10", "finetune_cifar10"]
 
 
 def test_every_recipe_is_run_by_a_test():

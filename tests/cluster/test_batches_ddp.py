@@ -17,7 +17,7 @@ TRAIN = [sys.executable, str(ROOT / "scripts" / "train.py")]
 TWO = ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu", "--trainer.logger",
        "false", "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 TINY_MIXING = ["--config", "vit_cifar10", "--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads",
-               "2", "--trainer.precision", "32-true", "--data.num_workers", "0", "--data.val_size", "100"]
+               "2", "--model.compile", "false", "--trainer.precision", "32-true", "--data.num_workers", "0", "--data.val_size", "100"]
 
 
 def test_the_default_recipe_on_2_processes_refuses_15_per_process_and_trains_the_out_of_memory_advice(
