@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -17,6 +18,14 @@ from vit.reporting import tables
 from vit.exits import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
+SAME = SimpleNamespace(compare=lambda job, record: [])  # a runner for which every record is its row's
+
+
+def committed_runner() -> plans.Runner:
+    """The runner that compares the repository's records with their rows (as `make figures` does)."""
+    from vit.commands.train import ArgumentCheck
+
+    return plans.Runner(ROOT / "data", ROOT / "runs", ROOT / "results", check_command=ArgumentCheck())
 
 
 def run_figures(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -33,7 +42,7 @@ def test_the_pages_tables_are_the_rendering_of_the_committed_records():
     assert {page.name for page in pages} >= {"README.md", "results.md", "speed.md"}
     shown = set()
     for page, text in pages.items():
-        assert tables.render(text, ROOT / "results", page.parent) == text, f"{page}: run `make figures ARGS=--render`"
+        assert tables.render(text, ROOT / "results", page.parent, runner=committed_runner()) == text, f"{page}: run `make figures ARGS=--render`"
         shown |= {m["table"] for m in tables.BLOCK.finditer(text)}
     assert shown == {table for plan in plans.load_all() for table in plan.tables()}
     records = sorted((ROOT / "results").glob("*/*.json"))
@@ -63,7 +72,7 @@ def test_render_rewrites_stale_tables_from_the_records(tmp_path):
 
 def test_a_row_without_a_record_is_pending_and_paths_are_not_shown(tmp_path):
     text = "a\n<!-- figures: gpu -->\nstale\n<!-- /figures -->\nb\n"
-    rendered = tables.render(text, tmp_path, tmp_path)
+    rendered = tables.render(text, tmp_path, tmp_path, runner=SAME)
     assert "stale" not in rendered and rendered.startswith("a\n") and rendered.endswith("<!-- /figures -->\nb\n")
     rows = [line for line in rendered.splitlines() if line.startswith("| vit_cifar10")]
     assert len(rows) == 2 and all(row.count("pending") == 6 for row in rows) and "`--config vit_cifar10_fast`" in rows[0]
@@ -71,7 +80,7 @@ def test_a_row_without_a_record_is_pending_and_paths_are_not_shown(tmp_path):
                                  "/r --ckpt_path last --stop_after_minutes 9 --seed_everything 1") == \
         "--config cpu --seed_everything 1"
     with pytest.raises(ConfigError, match="no plan"):
-        tables.render("<!-- figures: nowhere -->\n<!-- /figures -->", tmp_path, tmp_path)
+        tables.render("<!-- figures: nowhere -->\n<!-- /figures -->", tmp_path, tmp_path, runner=SAME)
 
 
 def test_a_gpu_row_names_what_decides_its_speed_and_what_its_clock_includes(tmp_path):
@@ -85,7 +94,7 @@ def test_a_gpu_row_names_what_decides_its_speed_and_what_its_clock_includes(tmp_
               "time_to_val_acc": {"0.90": 300.2, "0.93": 520.0}, "commit": "0123456789", "date": "2026-11-25T00:00:00"}
     (tmp_path / "gpu").mkdir()
     (tmp_path / "gpu" / "01-vit_cifar10_fast.json").write_text(json.dumps(record))
-    rendered = tables.render("<!-- figures: gpu -->\n<!-- /figures -->\n", tmp_path, tmp_path)
+    rendered = tables.render("<!-- figures: gpu -->\n<!-- /figures -->\n", tmp_path, tmp_path, runner=SAME)
     (row,) = [line for line in rendered.splitlines() if line.startswith("| vit_cifar10_fast")]
     assert "| 1× NVIDIA H100 80GB HBM3 (CUDA 13.0, driver 580.65.06) |" in row
     assert "| 300 s / 520 s / — (the clock includes the first batches of 2 command(s): 61 s) |" in row
@@ -108,7 +117,7 @@ def test_a_record_made_from_uncommitted_changes_is_marked_with_where_its_diff_is
     (tmp_path / "cpu" / "02-cpu.diff").write_text("diff --git a/x b/x\n")
     (tmp_path / "cpu" / "03-fashion-mnist.json").write_text(json.dumps(run_record(dirty=True, commit="fedcba987654")))
     page = tmp_path / "docs"
-    rendered = tables.render("<!-- figures: cpu -->\n<!-- /figures -->\n", tmp_path, page)
+    rendered = tables.render("<!-- figures: cpu -->\n<!-- /figures -->\n", tmp_path, page, runner=SAME)
     rows = {line.split(" | ")[0]: line for line in rendered.splitlines() if line.startswith("| ")}
     assert "`0123456`†" not in rows["| smoke recipe"] and "`0123456` 2026-11-25 |" in rows["| smoke recipe"]
     assert "`0123456`† 2026-11-25 |" in rows["| cpu recipe (10 minutes)"]
@@ -119,22 +128,22 @@ def test_a_record_made_from_uncommitted_changes_is_marked_with_where_its_diff_is
                      "† made from uncommitted changes to `fedcba9`; the diff was not kept.\n"]
     (tmp_path / "cpu" / "02-cpu.diff").unlink()  # a record naming a diff that is not there: not kept
     assert "the diff was not kept" in tables.render("<!-- figures: cpu -->\n<!-- /figures -->\n", tmp_path,
-                                                    page).split("`0123456`;")[1].split("\n")[0]
+                                                    page, runner=SAME).split("`0123456`;")[1].split("\n")[0]
     bench = {"command": "python scripts/benchmark.py", "device": "AMD EPYC", "device_count": 1, "cpu": "AMD EPYC",
              "versions": {"torch": "2.14.1"}, "commit": "0123456789abcdef", "dirty": True, "date": "2026-11-25T00:00"}
     (tmp_path / "benchmark-cpu").mkdir()
     (tmp_path / "benchmark-cpu" / "cpu.json").write_text(json.dumps(bench))
-    rendered = tables.render("<!-- figures: benchmark-cpu -->\n<!-- /figures -->\n", tmp_path, page)
+    rendered = tables.render("<!-- figures: benchmark-cpu -->\n<!-- /figures -->\n", tmp_path, page, runner=SAME)
     assert "`0123456`† 2026-11-25." in rendered
     assert "\n\n† made from uncommitted changes to `0123456`; the diff was not kept.\n" in rendered
     for edited, refused in (({"commit": 5}, "commit: takes"), ({"commit": ["x"]}, "commit: takes"),
                             ({"diff": 7}, "diff: takes")):  # a record edited by hand: one line, never a traceback
         (tmp_path / "cpu" / "02-cpu.json").write_text(json.dumps(run_record(dirty=True, **edited)))
         with pytest.raises(ConfigError, match=f"02-cpu.json: {refused}"):
-            tables.render("<!-- figures: cpu -->\n<!-- /figures -->\n", tmp_path, page)
+            tables.render("<!-- figures: cpu -->\n<!-- /figures -->\n", tmp_path, page, runner=SAME)
     other = [{"commit": "aaaaaaa" + "0" * 33, "dirty": False, "changes": None, "commands": 2}]
     (tmp_path / "cpu" / "02-cpu.json").write_text(json.dumps(run_record(other_code=other)))
-    rendered = tables.render("<!-- figures: cpu -->\n<!-- /figures -->\n", tmp_path, page)
+    rendered = tables.render("<!-- figures: cpu -->\n<!-- /figures -->\n", tmp_path, page, runner=SAME)
     assert "`0123456`§ 2026-11-25 |" in rendered
     assert ("\n\n§ [02-cpu](../cpu/02-cpu.json): commands of other code than its record's commit trained the run: "
             "`aaaaaaa` (2 commands).\n") in rendered
@@ -152,7 +161,7 @@ def test_a_corrected_record_is_marked_where_its_filled_in_fields_are(tmp_path):
     (tmp_path / "gpu" / "01-vit_cifar10_fast.json").write_text(json.dumps(record))
     (tmp_path / "gpu" / "02-vit_cifar10.json").write_text(json.dumps(run_record(corrected={"fields": ["epochs"],
                                                                                            **source})))
-    rendered = tables.render("<!-- figures: gpu -->\n<!-- /figures -->\n", tmp_path, tmp_path)
+    rendered = tables.render("<!-- figures: gpu -->\n<!-- /figures -->\n", tmp_path, tmp_path, runner=SAME)
     fast, default = [line for line in rendered.splitlines() if line.startswith("| vit_cifar10")]
     assert "| 1× NVIDIA H200 (CUDA 13.0)‡ |" in fast and "`0123456` 2026-11-25 |" in fast
     assert "| AMD EPYC, 2 threads |" in default and "`0123456` 2026-11-25‡ |" in default
@@ -162,7 +171,7 @@ def test_a_corrected_record_is_marked_where_its_filled_in_fields_are(tmp_path):
     for bad in ("device and cuda: from the benchmark", {"fields": ["device"], "from": "../benchmark-gpu/none.json"}):
         (tmp_path / "gpu" / "01-vit_cifar10_fast.json").write_text(json.dumps({**record, "corrected": bad}))
         with pytest.raises(ConfigError, match="01-vit_cifar10_fast.json: corrected: takes"):
-            tables.render("<!-- figures: gpu -->\n<!-- /figures -->\n", tmp_path, tmp_path)
+            tables.render("<!-- figures: gpu -->\n<!-- /figures -->\n", tmp_path, tmp_path, runner=SAME)
 
 
 def quick_readme(tmp_path) -> tuple[Path, list[str]]:
@@ -313,7 +322,7 @@ def test_history_plans_do_not_run_and_their_tables_render_from_the_committed_rec
         for job in plan.runs:
             assert (ROOT / "results" / job.table / f"{job.name}.json").is_file(), f"{plan.name}: {job.name}"
         text = "".join(f"<!-- figures: {t} -->\n<!-- /figures -->\n" for t in sorted(plan.tables()))
-        rendered = tables.render(text, ROOT / "results", ROOT)
+        rendered = tables.render(text, ROOT / "results", ROOT, runner=committed_runner())
         assert "pending" not in rendered and rendered.count("](") == len(plan.runs), plan.name
 
 
