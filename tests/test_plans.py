@@ -71,10 +71,11 @@ runs:
 """))
     assert plan.table == "grid" and [job.name for job in plan.runs] == ["a-s0", "a-s1", "b-s3", "bench"]
     assert plan.runs[0].args == ("--config", "cpu")
-    assert plan.runs[0].owned() == ("--seed_everything", "0", "--trainer.max_time", "00:00:10:00",
+    # a run's minutes are its whole command's budget: it trains for that less a reserve (start-up, compile, test)
+    assert plan.runs[0].owned() == ("--seed_everything", "0", "--trainer.max_time", "00:00:07:40",
                                     "--data", "vit.data.CIFAR10DataModule")
     assert plan.runs[2].args[2:] == ("--model.augmentation.mixup", "0.2", "--model.tta_flip", "true")
-    assert plan.runs[2].owned()[:4] == ("--seed_everything", "3", "--trainer.max_time", "00:01:30:00")
+    assert plan.runs[2].owned()[:4] == ("--seed_everything", "3", "--trainer.max_time", "00:01:11:40")
     assert plan.runs[2].label == "+ b, seed 3" and plan.runs[3].table == "benchmark-grid"
     assert [[job.name for job in group] for group in plan.groups()] == [["a-s0", "a-s1"], ["b-s3"], ["bench"]]
 
@@ -238,13 +239,19 @@ def test_a_table_before_any_run_says_pending_and_a_history_plan_renders_but_does
     assert not (tmp_path / "runs").exists()
 
 
+def configured(plan: Path, name: str) -> dict:
+    """A record's ``configuration``: the one the plan runs its run ``name`` with (so that the record is its row's)."""
+    job = next(job for job in plans.load(plan).runs if job.name == name)
+    return {"configuration": plans.Runner(ROOT / "data", ROOT / "runs", check_command=ArgumentCheck()).configuration(job)}
+
+
 def test_a_table_leaves_out_a_missing_value_and_names_a_torn_record_in_one_line(tmp_path, capsys):
     plan = tiny_plan(tmp_path / "grid.yaml")
     folder = tmp_path / "runs" / "grid"
     record = {"test_top1": 50.0, "best_val_acc": 52.0, "epochs": 1, "train_images_per_second": 100.0}
     for name, best in (("base-s0", 52.0), ("base-s1", None)):  # a non-finite best is written null
         (folder / name).mkdir(parents=True)
-        (folder / name / "results.json").write_text(json.dumps({**record, "best_val_acc": best}))
+        (folder / name / "results.json").write_text(json.dumps({**record, "best_val_acc": best} | configured(plan, name)))
     assert main(["table", str(plan), "--runs", str(tmp_path / "runs")]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| the toy recipe"))
     assert "| 2 of 2 | 50.00 ± 0.00 | 52.00 (n=1) | 1.0 ± 0.0 |" in row
@@ -263,7 +270,7 @@ def test_a_table_marks_a_row_with_a_record_made_from_uncommitted_changes_and_say
               "commit": "0123456789abcdef0123456789abcdef01234567"}
     for name in ("base-s0", "base-s1", "nowd-s0", "nowd-s1"):
         (folder / name).mkdir(parents=True)
-        (folder / name / "results.json").write_text(json.dumps({**record, "dirty": name == "base-s1"}))
+        (folder / name / "results.json").write_text(json.dumps({**record, "dirty": name == "base-s1"} | configured(plan, name)))
     monkeypatch.chdir(tmp_path)
     assert main(["table", str(plan), "--runs", "runs"]) == 0
     out = capsys.readouterr().out
@@ -271,11 +278,13 @@ def test_a_table_marks_a_row_with_a_record_made_from_uncommitted_changes_and_say
     assert len(rows) == 2 and "| 2 of 2† | 50.00" in rows[0] and "| 2 of 2 | 50.00" in rows[1], out
     assert "† made from uncommitted changes to `0123456`; the diff was not kept." in out
     (folder / "base-s1" / "results.diff").write_text("diff --git a/x b/x\n")
-    (folder / "base-s1" / "results.json").write_text(json.dumps({**record, "dirty": True, "diff": "results.diff"}))
+    (folder / "base-s1" / "results.json").write_text(json.dumps({**record, "dirty": True, "diff": "results.diff"}
+                                                                | configured(plan, "base-s1")))
     assert main(["table", str(plan), "--runs", "runs"]) == 0
     out = capsys.readouterr().out
     assert "the diff is beside the record: [results.diff](runs/grid/base-s1/results.diff)." in out, out
-    (folder / "base-s1" / "results.json").write_text(json.dumps({**record, "dirty": True, "diff": 5}))  # edited
+    (folder / "base-s1" / "results.json").write_text(json.dumps({**record, "dirty": True, "diff": 5}  # edited
+                                                                | configured(plan, "base-s1")))
     assert main(["table", str(plan), "--runs", "runs"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "base-s1/results.json: diff: takes" in err and err.count("\n") == 1, err
@@ -319,7 +328,7 @@ def test_the_plan_of_docs_experiments_is_the_example_file_and_expands_to_its_run
     plan = plans.load(example)
     assert len(plan.runs) == 9 == 3 * 3 and "its 9 runs" in page
     assert plan.runs[-1].args == ("--config", "cpu", "--model.optimizer.weight_decay", "0.025")
-    assert plan.runs[-1].owned()[:4] == ("--seed_everything", "2", "--trainer.max_time", "00:00:10:00")
+    assert plan.runs[-1].owned()[:4] == ("--seed_everything", "2", "--trainer.max_time", "00:00:07:40")
 
 
 def test_a_run_that_stops_where_it_resumes_ends_the_plan_with_exit_4_unless_minutes_asked_for_it(tmp_path, fake_cifar):
@@ -481,10 +490,10 @@ def test_runs_at_once_are_refused_beyond_this_processes_cores_or_with_gpus_and_e
     started = []
 
     class Started:
-        def __init__(self, command, env, preexec_fn, cwd):
+        def __init__(self, command, env, preexec_fn, cwd, start_new_session):
             started.append((env.get("OMP_NUM_THREADS"), preexec_fn is not None))
 
-        def wait(self):
+        def wait(self, timeout=None):
             return 0
 
     monkeypatch.setattr(plans.run_here.subprocess, "Popen", Started)
@@ -575,8 +584,9 @@ runs:
         words = shlex.split(line)
         assert runner.train_command(job)[2:] == words  # `show`'s line is the command that runs
         config = print_config(words, capsys)
-        seed, budget = ((1, "00:00:03:00") if plan_keys else (recipe_seed, recipe_time)) if job.change == "a" \
-            else (7, "00:00:00:30")
+        trains = {m: plans.max_time(plans.plan_file.training_minutes(m)) for m in (3, 0.5)}  # (less the reserve)
+        seed, budget = ((1, trains[3]) if plan_keys else (recipe_seed, recipe_time)) if job.change == "a" \
+            else (7, trains[0.5])
         assert (config["seed_everything"], config["trainer"]["max_time"]) == (seed, budget), job.name
         assert config["data"]["class_path"] == plans.DATA[data] != other
         assert config["data"]["init_args"]["root"] == str(folder)
@@ -851,6 +861,6 @@ def test_a_committed_record_shows_in_a_table_only_where_it_is_of_its_plans_run_t
     assert all(runner.differences(job) for job in committed)
     assert runner.differences(next(job for job in committed if job.name == "01-vit_cifar10_fast")) == \
         ["configuration: not recorded"]
-    readme = (ROOT / "README.md").read_text()
-    block = readme[readme.index("<!-- figures: gpu -->"):].split("<!-- /figures -->")[0]
-    assert "results/gpu/" not in block and block.count("| pending |") == len([j for j in gpu.runs if isinstance(j, plans.Run)])
+    block = next(m["body"] for m in tables.BLOCK.finditer((ROOT / "README.md").read_text()) if m["table"] == "gpu")
+    rows = [line for line in block.splitlines() if line.startswith("| vit_cifar10")]
+    assert "results/gpu/" not in block and len(rows) == 2 and all(row.count(" pending ") == 6 for row in rows)

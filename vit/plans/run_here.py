@@ -389,7 +389,8 @@ class Runner(Inputs):
             command = self.benchmark_command(job, out)
             print(f"[plan] {shlex.join(command[1:])}", flush=True)
             (code,) = self.wait([(job, self.popen(command, cwd=REPO, env=self.environment(False)))])
-            if code is None or code == STOPPED and job.minutes is not None:  # its budget ended it
+            cut = code and job.minutes is not None and out.is_file() and results.read(out).get("sections_pending")
+            if code is None or cut:  # its budget ended it (killed, or cut short in a section)
                 self.collect(out, job, killed=True)
                 return True
             if code == STOPPED:
