@@ -71,10 +71,11 @@ runs:
 """))
     assert plan.table == "grid" and [job.name for job in plan.runs] == ["a-s0", "a-s1", "b-s3", "bench"]
     assert plan.runs[0].args == ("--config", "cpu")
-    assert plan.runs[0].owned() == ("--seed_everything", "0", "--trainer.max_time", "00:00:10:00",
+    # a run's minutes are its whole command's budget: it trains for that less a reserve (start-up, compile, test)
+    assert plan.runs[0].owned() == ("--seed_everything", "0", "--trainer.max_time", "00:00:07:40",
                                     "--data", "vit.data.CIFAR10DataModule")
     assert plan.runs[2].args[2:] == ("--model.augmentation.mixup", "0.2", "--model.tta_flip", "true")
-    assert plan.runs[2].owned()[:4] == ("--seed_everything", "3", "--trainer.max_time", "00:01:30:00")
+    assert plan.runs[2].owned()[:4] == ("--seed_everything", "3", "--trainer.max_time", "00:01:11:40")
     assert plan.runs[2].label == "+ b, seed 3" and plan.runs[3].table == "benchmark-grid"
     assert [[job.name for job in group] for group in plan.groups()] == [["a-s0", "a-s1"], ["b-s3"], ["bench"]]
 
@@ -238,13 +239,19 @@ def test_a_table_before_any_run_says_pending_and_a_history_plan_renders_but_does
     assert not (tmp_path / "runs").exists()
 
 
+def configured(plan: Path, name: str) -> dict:
+    """A record's ``configuration``: the one the plan runs its run ``name`` with (so that the record is its row's)."""
+    job = next(job for job in plans.load(plan).runs if job.name == name)
+    return {"configuration": plans.Runner(ROOT / "data", ROOT / "runs", check_command=ArgumentCheck()).configuration(job)}
+
+
 def test_a_table_leaves_out_a_missing_value_and_names_a_torn_record_in_one_line(tmp_path, capsys):
     plan = tiny_plan(tmp_path / "grid.yaml")
     folder = tmp_path / "runs" / "grid"
     record = {"test_top1": 50.0, "best_val_acc": 52.0, "epochs": 1, "train_images_per_second": 100.0}
     for name, best in (("base-s0", 52.0), ("base-s1", None)):  # a non-finite best is written null
         (folder / name).mkdir(parents=True)
-        (folder / name / "results.json").write_text(json.dumps({**record, "best_val_acc": best}))
+        (folder / name / "results.json").write_text(json.dumps({**record, "best_val_acc": best} | configured(plan, name)))
     assert main(["table", str(plan), "--runs", str(tmp_path / "runs")]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| the toy recipe"))
     assert "| 2 of 2 | 50.00 ± 0.00 | 52.00 (n=1) | 1.0 ± 0.0 |" in row
@@ -263,7 +270,7 @@ def test_a_table_marks_a_row_with_a_record_made_from_uncommitted_changes_and_say
               "commit": "0123456789abcdef0123456789abcdef01234567"}
     for name in ("base-s0", "base-s1", "nowd-s0", "nowd-s1"):
         (folder / name).mkdir(parents=True)
-        (folder / name / "results.json").write_text(json.dumps({**record, "dirty": name == "base-s1"}))
+        (folder / name / "results.json").write_text(json.dumps({**record, "dirty": name == "base-s1"} | configured(plan, name)))
     monkeypatch.chdir(tmp_path)
     assert main(["table", str(plan), "--runs", "runs"]) == 0
     out = capsys.readouterr().out
@@ -271,11 +278,13 @@ def test_a_table_marks_a_row_with_a_record_made_from_uncommitted_changes_and_say
     assert len(rows) == 2 and "| 2 of 2† | 50.00" in rows[0] and "| 2 of 2 | 50.00" in rows[1], out
     assert "† made from uncommitted changes to `0123456`; the diff was not kept." in out
     (folder / "base-s1" / "results.diff").write_text("diff --git a/x b/x\n")
-    (folder / "base-s1" / "results.json").write_text(json.dumps({**record, "dirty": True, "diff": "results.diff"}))
+    (folder / "base-s1" / "results.json").write_text(json.dumps({**record, "dirty": True, "diff": "results.diff"}
+                                                                | configured(plan, "base-s1")))
     assert main(["table", str(plan), "--runs", "runs"]) == 0
     out = capsys.readouterr().out
     assert "the diff is beside the record: [results.diff](runs/grid/base-s1/results.diff)." in out, out
-    (folder / "base-s1" / "results.json").write_text(json.dumps({**record, "dirty": True, "diff": 5}))  # edited
+    (folder / "base-s1" / "results.json").write_text(json.dumps({**record, "dirty": True, "diff": 5}  # edited
+                                                                | configured(plan, "base-s1")))
     assert main(["table", str(plan), "--runs", "runs"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "base-s1/results.json: diff: takes" in err and err.count("\n") == 1, err
@@ -319,7 +328,7 @@ def test_the_plan_of_docs_experiments_is_the_example_file_and_expands_to_its_run
     plan = plans.load(example)
     assert len(plan.runs) == 9 == 3 * 3 and "its 9 runs" in page
     assert plan.runs[-1].args == ("--config", "cpu", "--model.optimizer.weight_decay", "0.025")
-    assert plan.runs[-1].owned()[:4] == ("--seed_everything", "2", "--trainer.max_time", "00:00:10:00")
+    assert plan.runs[-1].owned()[:4] == ("--seed_everything", "2", "--trainer.max_time", "00:00:07:40")
 
 
 def test_a_run_that_stops_where_it_resumes_ends_the_plan_with_exit_4_unless_minutes_asked_for_it(tmp_path, fake_cifar):
@@ -481,10 +490,10 @@ def test_runs_at_once_are_refused_beyond_this_processes_cores_or_with_gpus_and_e
     started = []
 
     class Started:
-        def __init__(self, command, env, preexec_fn, cwd):
+        def __init__(self, command, env, preexec_fn, cwd, start_new_session):
             started.append((env.get("OMP_NUM_THREADS"), preexec_fn is not None))
 
-        def wait(self):
+        def wait(self, timeout=None):
             return 0
 
     monkeypatch.setattr(plans.run_here.subprocess, "Popen", Started)
@@ -575,8 +584,9 @@ runs:
         words = shlex.split(line)
         assert runner.train_command(job)[2:] == words  # `show`'s line is the command that runs
         config = print_config(words, capsys)
-        seed, budget = ((1, "00:00:03:00") if plan_keys else (recipe_seed, recipe_time)) if job.change == "a" \
-            else (7, "00:00:00:30")
+        trains = {m: plans.max_time(plans.plan_file.training_minutes(m)) for m in (3, 0.5)}  # (less the reserve)
+        seed, budget = ((1, trains[3]) if plan_keys else (recipe_seed, recipe_time)) if job.change == "a" \
+            else (7, trains[0.5])
         assert (config["seed_everything"], config["trainer"]["max_time"]) == (seed, budget), job.name
         assert config["data"]["class_path"] == plans.DATA[data] != other
         assert config["data"]["init_args"]["root"] == str(folder)
@@ -670,7 +680,8 @@ def test_submit_moves_a_record_of_another_command_aside_and_the_table_leaves_it_
                                                                                    monkeypatch):
     """Without training: one run's record has the plan's configuration, the other's another depth. The table
     counts only the first and says why; submit moves the other's folder aside (whole) with one line, before
-    sbatch, so that its task runs it again; a record without a configuration (the committed history's) counts."""
+    sbatch, so that its task runs it again. A record without a configuration (one from before records kept it)
+    is not known to be the run's: left out and run again the same way."""
     plan_path = write(tmp_path / "two.yaml", "args: [--config, smoke]\nseeds: [0]\n"
                                              "runs: [{name: a}, {name: b, args: [--model.arch.depth, '2']}, {name: c}]\n")
     plan = plans.load(plan_path)
@@ -683,9 +694,10 @@ def test_submit_moves_a_record_of_another_command_aside_and_the_table_leaves_it_
         (runs / "two" / job.name / "results.json").write_text(json.dumps({"test_top1": 50.0, **record}))
     assert main(["table", str(plan_path), "--runs", str(runs)]) == 0
     out = capsys.readouterr().out
-    assert "| a | the plan's | 1 of 1 | 50.00 |" in out and "| c | the plan's | 1 of 1 | 50.00 |" in out
+    assert "| a | the plan's | 1 of 1 | 50.00 |" in out and "| c | the plan's | 0 of 1 | pending |" in out
     assert "| b | `--model.arch.depth 2` | 0 of 1 | pending |" in out
-    assert "1 record(s) left out, of another command than the plan's run now (b-s0; b-s0: model.arch.depth 1 → 2)" in out
+    assert "2 record(s) left out, of another command than the plan's run now (b-s0, c-s0; b-s0: model.arch.depth 1 " \
+           "→ 2)" in out
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     write(bin_ / "sbatch", "#!/bin/bash\necho 123\n").chmod(0o755)
@@ -694,7 +706,9 @@ def test_submit_moves_a_record_of_another_command_aside_and_the_table_leaves_it_
     out = capsys.readouterr().out
     aside = runs / "two" / "b-s0.replaced-1"
     assert f"[plan] two/b-s0: its record is of another command (model.arch.depth 1 → 2): moved aside to {aside}; " \
-           "it runs again" in out and "[plan] 2 of 3 runs have their records: those are skipped" in out
+           "it runs again" in out and "[plan] 1 of 3 runs have their records: those are skipped" in out
+    assert f"[plan] two/c-s0: its record is of another command (configuration: not recorded): moved aside to " \
+           f"{runs / 'two' / 'c-s0.replaced-1'}; it runs again" in out
     assert (aside / "checkpoints").is_dir() and json.loads((aside / "results.json").read_text())["configuration"] == wrong
     # b-s0 starts anew: its folder holds only what the plan starts it with (plan.json), a-s0 keeps its record
     assert sorted(p.name for p in (runs / "two" / "b-s0").iterdir()) == ["plan.json"]
@@ -703,7 +717,7 @@ def test_submit_moves_a_record_of_another_command_aside_and_the_table_leaves_it_
 
 def test_with_a_results_folder_a_copy_of_another_command_moves_aside_and_a_committed_record_stays(tmp_path, capsys):
     """make figures' layout (records copied to RESULTS/TABLE/NAME.json): a copy of another configuration moves
-    aside with its run folder; a record without a configuration (the committed history) counts as its run's."""
+    aside with its run folder, and so does one without a configuration (from before records kept it)."""
     plan = plans.load(write(tmp_path / "t.yaml", "args: [--config, smoke]\nruns: [{name: a}, {name: b}]\n"))
     runner = plans.Runner(tmp_path / "data", tmp_path / "runs", tmp_path / "results", check_command=ArgumentCheck())
     a, b = plan.runs
@@ -712,11 +726,16 @@ def test_with_a_results_folder_a_copy_of_another_command_moves_aside_and_a_commi
         **runner.configuration(a), "seed_everything": 9}}))
     write(tmp_path / "results" / "t" / "b.json", json.dumps({"row": "b", "command": "vit-train --config smoke"}))
     (tmp_path / "runs" / "t" / "a" / "checkpoints").mkdir(parents=True)
+    write(tmp_path / "results" / "t" / "b.json", json.dumps({"row": "b", "configuration": runner.configuration(b)}))
     assert runner.settle([a, b]) == 1
     out = capsys.readouterr().out
     assert f"moved aside to {tmp_path}/results/t/a.replaced-1.json, {tmp_path}/runs/t/a.replaced-1; it runs again" in out
     assert "(seed_everything 9 → 0)" in out and "[plan] 1 of 2 runs have their records: those are skipped" in out
     assert (tmp_path / "results" / "t" / "b.json").is_file() and not (tmp_path / "results" / "t" / "a.json").exists()
+    write(tmp_path / "results" / "t" / "b.json", json.dumps({"row": "b", "command": "vit-train --config smoke"}))
+    assert runner.settle([a, b]) == 0
+    assert f"[plan] t/b: its record is of another command (configuration: not recorded): moved aside to " \
+           f"{tmp_path}/results/t/b.replaced-1.json; it runs again" in capsys.readouterr().out
     assert (tmp_path / "runs" / "t" / "a.replaced-1" / "checkpoints").is_dir()
 
 
@@ -790,7 +809,7 @@ def test_a_commits_run_and_a_benchmark_are_compared_by_their_command(tmp_path, c
     """Records of a run of another commit and of a benchmark, written by the commands the plan starts (their
     paths elsewhere, the options in another order, a section under its earlier name): done. Their args edited
     in the plan, the same records are another command's: the table leaves the run out, `run` moves both aside
-    and says what differs. A record without a command (the committed history's) counts as its run's."""
+    and says what differs. A record without a command is not known to be its run's: it runs again."""
     def plan_with(extra: str, sections: str) -> plans.Plan:
         return plans.load(write(tmp_path / "t.yaml", f"""args: [--config, smoke]
 runs:
@@ -809,16 +828,16 @@ runs:
         "vit-benchmark --sections levers,step --device cpu --output /y/speed.json --minutes 3")}))
     (tmp_path / "runs" / "t" / "old").mkdir(parents=True)
     write(tmp_path / "runs" / "t" / "old" / "results.json", json.dumps({"test_top1": 40.0}))
-    assert [runner.differences(job) for job in (then, speed, old)] == [[], [], None]
-    assert runner.settle([then, speed, old]) == 3
+    assert [runner.differences(job) for job in (then, speed, old)] == [[], [], ["command: not recorded"]]
+    assert runner.settle([then, speed, old]) == 2
+    assert "[plan] t/old: its record is of another command (command: not recorded): moved aside" in capsys.readouterr().out
     then, speed, old = plan_with(", --model.ema_decay, '0.9'", "step").runs
     edited = plans.Runner(tmp_path / "data", tmp_path / "runs", check_command=ArgumentCheck())
     assert main(["table", str(tmp_path / "t.yaml"), "--runs", str(tmp_path / "runs")]) == 0
     out = capsys.readouterr().out
     assert "| then | `--model.arch.depth 2 --model.ema_decay 0.9` (commit abcdef0) | 0 of 1 | pending |" in out
     assert "(then-s3; then-s3: --model.ema_decay (none) → 0.9)" in out, out
-    assert "| old | the plan's (commit abcdef0) | 1 of 1 | 40.00 |" in out
-    assert edited.settle([then, speed, old]) == 1
+    assert edited.settle([then, speed, old]) == 0
     out = capsys.readouterr().out
     assert f"[plan] t/then-s3: its record is of another command (--model.ema_decay (none) → 0.9): moved aside to " \
            f"{tmp_path}/runs/t/then-s3.replaced-1; it runs again" in out
@@ -830,15 +849,18 @@ runs:
     assert runner.started_differences(plan_with("", "step").runs[0]) == ["--model.ema_decay 0.9 → (none)"]
 
 
-def test_every_committed_record_is_of_its_plans_run():
-    """The records in the repository's results/ compare equal to the runs their plans have (training runs by
-    their configuration or, from before records kept it, as theirs; commits' runs and benchmarks by their
-    command), on any machine."""
+def test_a_committed_record_shows_in_a_table_only_where_it_is_of_its_plans_run_today():
+    """A record satisfies its row only when it keeps what made it (a training run's configuration; a benchmark's
+    or another commit's run's command) and that is its plan's run today: the gpu plan's committed records (the
+    fast recipe's, without a configuration; the eager benchmark's, of other sections and batches) satisfy none,
+    so README's GPU rows are pending and `make figures` runs them again."""
     runner = plans.Runner(ROOT / "data", ROOT / "runs", ROOT / "results", check_command=ArgumentCheck())
-    compared = 0
-    for plan in plans.load_all():
-        for job in plan.runs:
-            if runner.record_path(job).is_file():
-                assert not runner.differences(job), (plan.name, job.name, runner.differences(job))
-                compared += runner.differences(job) == []
-    assert compared >= 10
+    gpu = plans.load(plans.find("gpu"))
+    committed = [job for job in gpu.runs if runner.record_path(job).is_file()]
+    assert {job.name for job in committed} >= {"01-vit_cifar10_fast", "gpu"}
+    assert all(runner.differences(job) for job in committed)
+    assert runner.differences(next(job for job in committed if job.name == "01-vit_cifar10_fast")) == \
+        ["configuration: not recorded"]
+    block = next(m["body"] for m in tables.BLOCK.finditer((ROOT / "README.md").read_text()) if m["table"] == "gpu")
+    rows = [line for line in block.splitlines() if line.startswith("| vit_cifar10")]
+    assert "results/gpu/" not in block and len(rows) == 2 and all(row.count(" pending ") == 6 for row in rows)

@@ -3,7 +3,7 @@ this machine, keep their records in results/, and render the pages' tables from 
 
     make figures                                  this machine's plan (experiments/cpu.yaml, or gpu.yaml where
                                                   CUDA is), then the pages
-    make figures ARGS="--plan muon-horizon"       one plan of experiments/ (its header says what it measures)
+    make figures ARGS="--plan cpu-folders"        one plan of experiments/ (its header says what it measures)
     make figures ARGS="--quick"                   every plan at toy scale on CPU, on generated data (a test runs it)
     make figures ARGS="--render"                  only re-render README and docs/ from results/
     make figures ARGS="--check"                   exit 1 if their tables differ from results/
@@ -19,6 +19,13 @@ run stops at an epoch end with exit 4 and the next command continues it exactly 
 benchmark stops with the sections it has not finished, which the next command measures (vit-benchmark
 --minutes). With --max-commands N it stops after N commands (exit 4); the same make figures continues
 where it stopped.
+
+A plan may bound its time: each row's own budget (its minutes: a training run trains for that less a reserve
+for start-up, compile and test, --trainer.max_time, and a benchmark runs with vit-benchmark --minutes; either
+is killed 10 s past it, with one line), and the whole plan's (budget_minutes, or --total-minutes): a row that
+would not fit in what is left is skipped with one line and stays pending. A row its budget stopped says so in
+its record ("budget") and in its table. The gpu plan ends within its 8.5 minutes this way; --scale S rehearses
+it in S times its time (the rows' own commands, on this machine).
 
 Exit status: 0 done; 1 a run failed (its own output says why) or a page differs (--check);
 2 a bad argument, plan file or record (one line); 4 stopped by --max-commands, or a run stopped where it
@@ -48,6 +55,12 @@ parser.add_argument("--readme", type=Path, default=None,
 parser.add_argument("--minutes", type=float, default=None,
                     help="end each command it runs within this many minutes, continuing a longer run in the next "
                          "command (default: each run whole)")
+parser.add_argument("--total-minutes", type=float, default=None,
+                    help="end the plan within this many minutes, start to last record: a row that would not fit in "
+                         "what is left is skipped, pending (default: the plan's budget_minutes; none without it)")
+parser.add_argument("--scale", type=float, default=1.0,
+                    help="every budget (each row's and the total) times this: a rehearsal of a plan in a fraction "
+                         "of its time, e.g. the gpu plan on a CPU (default 1)")
 parser.add_argument("--max-commands", type=int, default=None, help="stop after this many commands (exit 4)")
 parser.add_argument("--quick", action="store_true",
                     help="toy scale on CPU, on generated data; records, data and runs under --results")
@@ -79,9 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
-    if args.minutes is not None and args.minutes <= 0:
-        print(f"error: --minutes {args.minutes:g}: takes a positive number of minutes", file=sys.stderr)
-        return 2
+    for option, value in (("--minutes", args.minutes), ("--total-minutes", args.total_minutes), ("--scale", args.scale)):
+        if value is not None and not 0 < value < float("inf"):
+            print(f"error: {option} {value:g}: takes a positive number", file=sys.stderr)
+            return 2
     results_dir = (args.results or plans_.REPO / "results").resolve()
     if args.quick and args.results is None:
         print("error: --quick needs --results DIR (toy records never go into the repository's results/)",
@@ -92,12 +106,14 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [plans_.load(plans_.find(p)) for p in args.plan]
     else:
         chosen = [p for p in every if not p.history] if args.quick else [plans_.load(plans_.find(default_plan()))]
-    if not (args.render or args.check):
-        data, runs = quick_dirs(results_dir) if args.quick else (args.data_root.resolve(), args.runs.resolve())
-        from vit.commands.train import ArgumentCheck
+    from vit.commands.train import ArgumentCheck
 
-        runner = plans_.Runner(data, runs, results_dir, minutes=args.minutes, quick=args.quick,
-                               max_commands=args.max_commands, check_command=ArgumentCheck())
+    measure = not (args.render or args.check)
+    data, runs = quick_dirs(results_dir) if args.quick and measure else (args.data_root.resolve(), args.runs.resolve())
+    runner = plans_.Runner(data, runs, results_dir, minutes=args.minutes, quick=args.quick,
+                           max_commands=args.max_commands, check_command=ArgumentCheck(),
+                           total_minutes=args.total_minutes, scale=args.scale)
+    if measure:
         for plan in chosen:
             if plan.history:
                 raise ConfigError(f"{plan.path}: history: a plan kept for its records; it does not run")
@@ -110,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     for page in pages:
         text = page.read_text()
         try:
-            rendered = tables.render(text, results_dir, page.resolve().parent, every)
+            rendered = tables.render(text, results_dir, page.resolve().parent, every, runner=runner)
         except ConfigError as e:
             raise ConfigError(f"{page}: {e}") from None
         if rendered != text:

@@ -9,7 +9,10 @@ A plan file::
     args: [--config, cpu]      # the recipe every run starts from: vit-train's arguments
     seeds: [0, 1]              # each run once per seed: NAME-sSEED, --seed_everything SEED (none: one run each,
                                # the recipe's seed)
-    minutes: 10                # each run's budget: --trainer.max_time (none: the recipe's)
+    minutes: 10                # each run's budget, its whole command's: it trains for --trainer.max_time of that
+                               # less a reserve for start-up, compile and test, and is killed 10 s past it
+                               # (none: the recipe's max_time, no bound)
+    budget_minutes: 30         # the whole plan's: a run that would not fit in what is left is skipped, pending
     resources:                 # what one run gets
       cpus: 2                  # CPU cores (a SLURM task's --cpus-per-task; default 1)
       gpus: 0                  # GPUs (--gres=gpu:N; default 0)
@@ -23,7 +26,7 @@ A plan file::
         label: + no weight decay
         args: [--model.optimizer.weight_decay, 0]
 
-A run may also give its own ``seeds``, ``minutes``, ``data`` (``cifar``, or ``fashion-mnist``: Fashion-MNIST
+A benchmark may give ``minutes`` too (vit-benchmark --minutes, less the same reserve). A run may also give its own ``seeds``, ``minutes``, ``data`` (``cifar``, or ``fashion-mnist``: Fashion-MNIST
 written as image folders under the data root), ``commit`` (run that commit of this repository, from a
 clone of its own: its code and recipes), or be a benchmark: ``benchmark: [vit-benchmark arguments]``
 instead of ``args``, its report the record of the table ``benchmark-TABLE``. ``history: true`` keeps a
@@ -45,11 +48,11 @@ exactly as it runs.
 Each run trains in ``RUNS/TABLE/NAME/`` (``vit-train --run NAME --ckpt_path last``: a run that stopped
 continues), and its record is that folder's ``results.json``, which keeps the run's effective configuration;
 every run of a plan is one W&B group, named after the table (WANDB_RUN_GROUP, which wandb reads). A run whose
-record is of another configuration (the plan was edited since) is not done: ``run`` and ``submit`` move its
+record is of another configuration (the plan was edited since), or keeps none, is not done: ``run`` and ``submit`` move its
 folder aside to ``RUNS/TABLE/NAME.replaced-N/``, saying what differs, and run it again; ``table`` leaves its
 record out and says so. A run of another commit and a benchmark are compared by their command (the options it
-sets, without what only places or bounds it). A record from before records kept their configuration, or
-without a command, counts as its run's.
+sets, without what only places or bounds it). A record without them is not its run's. A run stopped by its
+budget says so in its record (``"budget": {"minutes", "stopped_by_budget"}``) and its table.
 """
 
 from vit.plans.inputs import make_quick_data

@@ -16,7 +16,9 @@ from vit.exits import ConfigError, RunFailed, Stopped, status_of
 EXPERIMENTS = REPO / "experiments"  # the plans of README's and docs/' tables (a checkout's, not the package's)
 STOPPED = status_of(Stopped())  # vit-train's exit status for a run that stopped where it resumes (4)
 NAME = re.compile(r"[A-Za-z0-9][\w-]*")
-PLAN_KEYS = {"table", "args", "seeds", "minutes", "resources", "runs", "history"}
+RESERVE_SECONDS, RESERVE_SHARE = 20, 0.2  # of a run's budget, not for training: start-up, compile, test
+GRACE_SECONDS = 10  # a run with a budget is killed this long after it, whatever it does
+PLAN_KEYS = {"table", "args", "seeds", "minutes", "budget_minutes", "resources", "runs", "history"}
 RUN_KEYS = {"name", "label", "args", "seeds", "minutes", "data", "commit", "benchmark"}
 RESOURCE_KEYS = {"cpus": 1, "gpus": 0, "memory": None, "time": None, "at_once": 1}  # None: the cluster's default
 DATA = {"cifar": "vit.data.CIFAR10DataModule",  # a run's data: the data module it trains with
@@ -53,11 +55,13 @@ class Run:
     minutes: float | None = None  # the plan's budget for it (None: the recipe's)
     gpus: int = 0  # the GPUs it trains on (the plan's resources.gpus): which recipe runs where its args name none
 
-    def owned(self) -> tuple[str, ...]:
+    def owned(self, scale: float = 1.0) -> tuple[str, ...]:
         """What the plan sets for this run, given after its args so that no recipe or argument overrides it: its
-        seed and budget (when the plan gives them) and its data module (``data``; the root: ``Runner``)."""
+        seed and training time (when the plan gives a budget: ``training_minutes`` of it, times ``scale``) and its
+        data module (``data``; the root: ``Runner``)."""
         return (*(("--seed_everything", str(self.seed)) if self.seed is not None else ()),
-                *(("--trainer.max_time", max_time(self.minutes)) if self.minutes is not None else ()),
+                *(("--trainer.max_time", max_time(training_minutes(self.minutes * scale)))
+                  if self.minutes is not None else ()),
                 "--data", DATA[self.data])
 
 
@@ -70,6 +74,7 @@ class Benchmark:
     label: str
     args: tuple[str, ...] = ()
     change: str = ""
+    minutes: float | None = None  # its budget: vit-benchmark --minutes (None: unbounded)
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,7 @@ class Plan:
     runs: tuple[Run | Benchmark, ...]  # expanded, in the table's order
     resources: dict = field(default_factory=lambda: dict(RESOURCE_KEYS))
     history: bool = False
+    budget_minutes: float | None = None  # the whole plan's wall budget (vit-figures --total-minutes' default)
 
     @property
     def name(self) -> str:
@@ -131,6 +137,12 @@ def _minutes(value, path: Path, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise _fail(path, key, "takes a positive (finite) number of minutes")
     return float(value)
+
+
+def training_minutes(minutes: float) -> float:
+    """The training time (``--trainer.max_time``) of a run whose whole command has a budget of ``minutes``: that,
+    less a reserve for its start-up, first compile, validation and test (RESERVE_SECONDS and RESERVE_SHARE of it)."""
+    return max(minutes * (1 - RESERVE_SHARE) - RESERVE_SECONDS / 60, minutes / 10)
 
 
 def max_time(minutes: float) -> str:
@@ -198,6 +210,7 @@ def load(path: Path) -> Plan:
     base = _words(data.get("args", []), path, "args")
     seeds = _seeds(data["seeds"], path, "seeds") if "seeds" in data else None
     minutes = _minutes(data["minutes"], path, "minutes") if "minutes" in data else None
+    budget = _minutes(data["budget_minutes"], path, "budget_minutes") if "budget_minutes" in data else None
     resources = _resources(data.get("resources"), path)
     history = data.get("history", False)
     if not isinstance(history, bool):
@@ -229,11 +242,14 @@ def load(path: Path) -> Plan:
                                                     "one run of the table; name this one otherwise")
         changes[name] = (i, entry)
         if "benchmark" in entry:
-            for key in ("args", "seeds", "minutes", "data", "commit"):
+            for key in ("args", "seeds", "data", "commit"):
                 if key in entry:
-                    raise _fail(path, f"{where}.{key}", "a benchmark takes only name, label and benchmark")
-            runs.append(Benchmark(f"benchmark-{table}", name, label, _words(entry["benchmark"], path,
-                                                                             f"{where}.benchmark"), name))
+                    raise _fail(path, f"{where}.{key}", "a benchmark takes only name, label, minutes and benchmark")
+            words = _words(entry["benchmark"], path, f"{where}.benchmark")
+            if "--minutes" in words:
+                raise _fail(path, f"{where}.benchmark", "--minutes is the plan's to set (minutes)")
+            runs.append(Benchmark(f"benchmark-{table}", name, label, words, name,
+                                  _minutes(entry["minutes"], path, f"{where}.minutes") if "minutes" in entry else None))
             continue
         args = _words(entry.get("args", []), path, f"{where}.args")
         run_seeds = _seeds(entry["seeds"], path, f"{where}.seeds") if "seeds" in entry else seeds
@@ -256,7 +272,7 @@ def load(path: Path) -> Plan:
         if (job.table, job.name) in seen:
             raise _fail(path, "runs", f"the run {job.name} comes twice: each run of a plan is one name and seed")
         seen.add((job.table, job.name))
-    return Plan(path, table, tuple(runs), resources, history)
+    return Plan(path, table, tuple(runs), resources, history, budget)
 
 
 def find(plan: str | Path) -> Path:

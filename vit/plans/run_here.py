@@ -7,8 +7,10 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +18,8 @@ from pathlib import Path
 from vit.training import results
 from vit.exits import ConfigError
 from vit.plans.inputs import Inputs
-from vit.plans.plan_file import DATA, REPO, STOPPED, Benchmark, Plan, PlanFailed, PlanStopped, Run
+from vit.plans.plan_file import (DATA, GRACE_SECONDS, REPO, RESERVE_SHARE, STOPPED, Benchmark, Plan, PlanFailed,
+                                 PlanStopped, Run)
 
 QUICK_TRAIN = ("--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2",
                "--model.compile", "false", "--trainer.accelerator", "cpu", "--trainer.precision", "32-true",
@@ -107,6 +110,10 @@ class Runner(Inputs):
     # the command that runs the plan: the library imports no command
     check_command: Callable[..., dict] | None = None
     dry_run: bool = False  # commands only: checkouts and data are named where they will be, not made (Inputs)
+    total_minutes: float | None = None  # the plan's wall budget, start to last record (None: the plan's
+    # budget_minutes, else none); each run's own budget (its minutes) bounds its command, killed past it
+    scale: float = 1.0  # every budget times this (a rehearsal of a plan at a fraction of its time)
+    deadline: float | None = None  # time.monotonic() when the plan's wall budget ends
 
     def record_path(self, job: Run | Benchmark) -> Path:
         if self.results_dir is not None:
@@ -140,7 +147,7 @@ class Runner(Inputs):
         overrides them."""
         root = self.data_root if job.data == "cifar" else self.folders_path()
         recipe = self.recipe(job)
-        return [*(("--config", recipe) if recipe else ()), *job.args, *job.owned(), "--data.root", str(root),
+        return [*(("--config", recipe) if recipe else ()), *job.args, *job.owned(self.scale), "--data.root", str(root),
                 "--trainer.default_root_dir", str(self.runs_root / job.table), "--run", job.name, "--ckpt_path", "last",
                 *self.bound("--stop_after_minutes"), *(QUICK_TRAIN if self.quick else ())]
 
@@ -161,21 +168,21 @@ class Runner(Inputs):
             self.planned[job.name] = self.check_command(self.train_args(job), False)
         return self.planned[job.name]
 
-    def compare(self, job: Run | Benchmark, record: dict) -> list[str] | None:
+    def compare(self, job: Run | Benchmark, record: dict) -> list[str]:
         """How ``record`` (the job's record, or what the plan started it with: ``STARTED``) differs from what the
-        plan runs as the job now ([]: the same; None: it cannot tell). A training run of this code is compared by
-        its effective configuration (None for a record from before records kept it); a run of another commit
-        (whose options are that commit's) and a benchmark by their command's settings (``settings``; None
-        without a command)."""
+        plan runs as the job now ([]: it is the job's run, the one rule by which a record satisfies its row). A
+        training run of this code is compared by its effective configuration; a run of another commit (whose
+        options are that commit's) and a benchmark by their command's settings (``settings``). A record without
+        them (one from before records kept them) differs by that: its row is pending, and runs again."""
         if isinstance(job, Run) and not job.commit:
-            return results.differences(record, self.configuration(job)) if "configuration" in record else None
+            return results.differences(record, self.configuration(job))
         command = record.get("command")
-        if not isinstance(command, str):
-            return None
         try:
-            recorded = shlex.split(command)
+            recorded = shlex.split(command) if isinstance(command, str) else None
         except ValueError:  # (a quote left open: not a command this project wrote)
-            return None
+            recorded = None
+        if recorded is None:
+            return ["command: not recorded"]
         training = isinstance(job, Run)
         return results.changes(settings(recorded, training), settings(self.command_args(job), training))
 
@@ -184,8 +191,8 @@ class Runner(Inputs):
         return self.train_args(job) if isinstance(job, Run) else list(QUICK_BENCH if self.quick else job.args)
 
     def differences(self, job: Run | Benchmark, path: Path | None = None) -> list[str] | None:
-        """How the job's record (or the record at ``path``) differs from what the plan has now (``compare``; None
-        also without a record)."""
+        """How the job's record (or the record at ``path``) differs from what the plan has now (``compare``); None
+        without a record."""
         path = path or self.record_path(job)
         return self.compare(job, results.read(path)) if path.is_file() else None
 
@@ -245,9 +252,29 @@ class Runner(Inputs):
         """``option minutes`` for a command when a bound was asked for (--minutes), else nothing."""
         return (option, f"{self.minutes:g}") if self.minutes is not None else ()
 
+    def budget(self, job: Run | Benchmark) -> float | None:
+        """The job's budget in minutes (its ``minutes`` times ``scale``), None where it has none."""
+        return None if job.minutes is None else job.minutes * self.scale
+
+    def fits(self, job: Run | Benchmark) -> bool:
+        """Whether the job's budget (and the grace before it is killed) fits in what is left of the plan's; one
+        line where it does not: it is skipped, and stays pending."""
+        if self.deadline is None:
+            return True
+        left = (self.deadline - time.monotonic()) / 60
+        needs = (self.budget(job) or float("inf")) + GRACE_SECONDS / 60
+        if needs <= left:
+            return True
+        print(f"[plan] {job.name}: skipped: needs {needs:.2g} min, {max(left, 0):.2g} left"
+              + ("" if job.minutes is not None else " (it has no budget of its own: give it minutes)"), flush=True)
+        return False
+
     def run_plan(self, plan: Plan, index: int | None = None) -> bool:
         """Run the plan's runs (or only its run ``index``, alone) to their end (False: stopped by
-        max_commands; run again to continue)."""
+        max_commands; run again to continue), within the plan's wall budget when it has one (``total_minutes``,
+        else its budget_minutes: a run that would not fit in what is left is skipped)."""
+        total = self.total_minutes if self.total_minutes is not None else plan.budget_minutes
+        self.deadline = None if total is None else time.monotonic() + 60 * total * self.scale
         self.group = plan.table
         self.check(plan)
         self.cifar(plan)
@@ -272,6 +299,7 @@ class Runner(Inputs):
 
     def run_group(self, group: list[Run | Benchmark], k: int = 0) -> bool:
         todo = [job for job in group if not self.record_path(job).is_file()]
+        todo = [job for job in todo if self.fits(job)]
         while todo:
             if self.max_commands is not None and self.commands >= self.max_commands:
                 return False
@@ -284,6 +312,9 @@ class Runner(Inputs):
             for job, code in zip(list(todo), codes):
                 if code == 0:
                     self.collect(self.own_record(job), job)
+                    todo.remove(job)
+                elif code is None:  # killed at its budget: its record, or one saying so
+                    self.collect(self.own_record(job), job, killed=True)
                     todo.remove(job)
                 elif code != STOPPED:
                     raise PlanFailed(f"{job.table}/{job.name}: vit-train exited {code} (its output is above)")
@@ -298,7 +329,30 @@ class Runner(Inputs):
             env["WANDB_RUN_GROUP"] = self.group  # wandb.init reads it: the plan's runs are one W&B group
         return env
 
-    def train_at_once(self, jobs: list[Run], k: int = 0) -> list[int]:
+    def wait(self, procs: list[tuple[Run | Benchmark, subprocess.Popen]]) -> list[int | None]:
+        """Each process's exit status; None for one killed (its process group) at its budget and the grace after
+        it, or at the plan's deadline, with one line."""
+        codes = []
+        for job, proc in procs:
+            ends = [t for t in (self.deadline, None if self.budget(job) is None else
+                                proc.started + 60 * self.budget(job)) if t is not None]
+            try:
+                codes.append(proc.wait(timeout=max(0.0, min(ends) + GRACE_SECONDS - time.monotonic()) if ends else None))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                budget = f"its {self.budget(job):g}-min budget" if self.budget(job) is not None else "the plan's budget"
+                print(f"[plan] {job.name}: killed at {budget} (and {GRACE_SECONDS} s)", flush=True)
+                codes.append(None)
+        return codes
+
+    def popen(self, command: list[str], **kwargs) -> subprocess.Popen:
+        """A job's process, in a session of its own (a kill at its budget ends its workers too)."""
+        proc = subprocess.Popen(command, start_new_session=True, **kwargs)
+        proc.started = time.monotonic()
+        return proc
+
+    def train_at_once(self, jobs: list[Run], k: int = 0) -> list[int | None]:
         """Each job as one command (of at most ``minutes`` when given); the runs of a plan with several at once
         (``pin``) get one CPU core and one thread each, a group's last run alone too, the cores taken in turn by
         the plan's groups (the k-th starts at core k)."""
@@ -315,11 +369,13 @@ class Runner(Inputs):
             if job.commit:  # its own package first (before this checkout's installed one)
                 env["PYTHONPATH"] = self.pythonpath(tree, env.get("PYTHONPATH"))
             affinity = (lambda c=core: os.sched_setaffinity(0, {c})) if pinned else None
-            procs.append(subprocess.Popen(command, env=env, preexec_fn=affinity, cwd=tree))
-        return [p.wait() for p in procs]
+            procs.append((job, self.popen(command, env=env, preexec_fn=affinity, cwd=tree)))
+        return self.wait(procs)
 
     def benchmark_command(self, job: Benchmark, out: Path) -> list[str]:
-        return [*program(REPO, "benchmark"), *self.command_args(job), "--output", str(out), *self.bound("--minutes")]
+        bound = ("--minutes", f"{self.budget(job) * (1 - RESERVE_SHARE):.3g}") if job.minutes is not None else \
+            self.bound("--minutes")
+        return [*program(REPO, "benchmark"), *self.command_args(job), "--output", str(out), *bound]
 
     def benchmark(self, job: Benchmark) -> bool:
         """One command of the benchmark, bounded by ``minutes`` (when given) as a training command is (False:
@@ -332,7 +388,11 @@ class Runner(Inputs):
         else:
             command = self.benchmark_command(job, out)
             print(f"[plan] {shlex.join(command[1:])}", flush=True)
-            code = subprocess.run(command, cwd=REPO, env=self.environment(False)).returncode
+            (code,) = self.wait([(job, self.popen(command, cwd=REPO, env=self.environment(False)))])
+            cut = code and job.minutes is not None and out.is_file() and results.read(out).get("sections_pending")
+            if code is None or cut:  # its budget ended it (killed, or cut short in a section)
+                self.collect(out, job, killed=True)
+                return True
             if code == STOPPED:
                 return False
             if code:
@@ -342,9 +402,37 @@ class Runner(Inputs):
         self.collect(out, job)
         return True
 
-    def collect(self, record: Path, job: Run | Benchmark) -> None:
-        """With a results folder: the run's record copied there, with its row's label, and the diff it names
-        (``results.keep_diff``) beside the copy."""
+    def budget_record(self, record: Path, job: Run | Benchmark, killed: bool) -> dict:
+        """The job's record (``record``), with its budget where it has one: ``{"minutes", "stopped_by_budget"}``
+        (killed, a benchmark cut short, a training run ended by its max_time before its max_epochs). A job killed
+        before it wrote one gets one here saying so, with what made it (its configuration, or its command) and no
+        figures."""
+        from datetime import datetime, timezone
+
+        from vit.training import commits
+
+        if record.is_file() and (isinstance(job, Benchmark) or not killed):
+            r = results.read(record)
+        else:
+            r = {"command": shlex.join([f"vit-{'benchmark' if isinstance(job, Benchmark) else 'train'}",
+                                        *self.command_args(job)]), **commits.commit(),
+                 "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            if isinstance(job, Run) and not job.commit:
+                r["configuration"] = self.configuration(job)
+        if self.budget(job) is not None or killed:
+            planned = (r.get("configuration") or {}).get("trainer.max_epochs")
+            stopped = killed or bool(r.get("sections_pending")) or \
+                isinstance(planned, int) and isinstance(r.get("epochs"), (int, float)) and r["epochs"] < planned
+            r["budget"] = {"minutes": self.budget(job), "stopped_by_budget": stopped}
+        return r
+
+    def collect(self, record: Path, job: Run | Benchmark, killed: bool = False) -> None:
+        """With a results folder: the run's record copied there, with its row's label and its budget
+        (``budget_record``), and the diff it names (``results.keep_diff``) beside the copy."""
+        if self.budget(job) is not None or killed:
+            if not record.is_file() or isinstance(job, Run) and killed:
+                record.parent.mkdir(parents=True, exist_ok=True)
+            results.write_whole(record, json.dumps(self.budget_record(record, job, killed), indent=2) + "\n")
         if self.results_dir is None:
             print(f"[plan] record: {record}", flush=True)
             return

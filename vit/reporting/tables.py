@@ -1,5 +1,5 @@
 """Tables rendered from records: the figures blocks of README and docs/ (``<!-- figures: TABLE -->`` …
-``<!-- /figures -->``, one row per run of the plan that fills TABLE, "pending" where it has no record yet).
+``<!-- /figures -->``, one row per run of the plan that fills TABLE, "pending" where no record satisfies it: ``satisfying``).
 A plan's own summary over its seeds (``vit-plan table``) is vit/reporting/plan_table.py."""
 
 from __future__ import annotations
@@ -168,10 +168,30 @@ class Notes:
         return [line for note in out for line in ("", note)]
 
 
-def render_runs(table: str, results_dir: Path, base: Path, plans: list[Plan]) -> str:
+def satisfying(table: str, results_dir: Path, plans: list[Plan], runner) -> dict[str, tuple[Path, dict]]:
+    """The table's records that satisfy their rows, by row name: (path, record). A record satisfies its row when
+    it is of the run the plan runs now (``runner.compare``, vit.plans.Runner's: the same configuration, or the
+    same command for a benchmark or a run of another commit); any other row is pending, and the plan runs it
+    again. A history plan's records are its rows as they were measured (it never runs)."""
+    history = any(plan.history for plan in plans if table in plan.tables())
+    found = {}
+    for job in jobs_of(table, plans):
+        path = results_dir / table / f"{job.name}.json"
+        record = results.read(path) if path.is_file() else None
+        if record is not None and (history or not runner.compare(job, record)):
+            found[job.name] = (path, record)
+    return found
+
+
+def budget_note(r: dict) -> str:
+    """After a row's label: that its budget stopped it (a plan's run with minutes: Runner.budget_record)."""
+    b = r.get("budget")
+    return f" (stopped at its {b['minutes']:.2g}-min budget)" if isinstance(b, dict) and b.get("stopped_by_budget") else ""
+
+
+def render_runs(table: str, base: Path, plans: list[Plan], records: dict[str, tuple[Path, dict]]) -> str:
     jobs = jobs_of(table, plans)
-    records = {job.name: (results_dir / table / f"{job.name}.json") for job in jobs}
-    present = {name: results.read(p) for name, p in records.items() if p.is_file()}
+    present = {name: r for name, (_, r) in records.items()}
     timed = any("time_to_val_acc" in r for r in present.values())
     head = ["run", "command", "device", "epochs", "training", "best val", "test top-1 (top-5)", "train img/s"]
     head += ["time to 90 / 93 / 94 %"] if timed else []
@@ -179,12 +199,15 @@ def render_runs(table: str, results_dir: Path, base: Path, plans: list[Plan]) ->
     notes = Notes(base)
     for job in jobs:
         r = present.get(job.name)
-        if r is None:
+        if r is not None and "test_top1" not in r:  # killed at its budget before its record: none of its figures
+            cells = [job.label + budget_note(r), f"`{shlex.join(job.args)}`"] + ["—"] * (len(head) - 2) \
+                + [_provenance(records[job.name][0], r, base, notes)]
+        elif r is None:
             cells = [job.label, f"`{shlex.join(job.args)}`"] + ["pending"] * (len(head) - 2) + ["—"]
         else:
             reached = r.get("time_to_val_acc", {})
-            path = records[job.name]
-            cells = [job.label, command_cell(r['command']), _device(r) + notes.filled(path, r, True), f"{r['epochs']:g}",
+            path = records[job.name][0]
+            cells = [job.label + budget_note(r), command_cell(r['command']), _device(r) + notes.filled(path, r, True), f"{r['epochs']:g}",
                      f"{r['training_seconds'] / 60:.1f} min", f"{r['best_val_acc']:.2f} %" if r.get('best_val_acc') is not None else "— (not validated)",
                      f"**{r['test_top1']:.2f} %** ({r['test_top5']:.2f} %)", f"{r['train_images_per_second']:,.0f}"]
             if timed:  # the clock includes each command's first batches, where torch.compile compiles again
@@ -294,16 +317,19 @@ def _judged(ratio: str, target: str) -> str:
     return target if met else f"{target}: **not met**"
 
 
-def render_benchmark(table: str, results_dir: Path, base: Path, plans: list[Plan]) -> str:
+def render_benchmark(table: str, base: Path, plans: list[Plan], records: dict[str, tuple[Path, dict]]) -> str:
     lines = []
     for job in jobs_of(table, plans):
-        path = results_dir / table / f"{job.name}.json"
-        if not path.is_file():
-            lines.append(f"*{job.label}*: pending, no record yet (`{shlex.join(['scripts/benchmark.py', *job.args])}` "
+        if job.name not in records:
+            lines.append(f"*{job.label}*: pending, no record of it yet (`{shlex.join(['scripts/benchmark.py', *job.args])}` "
                          f"measures it on such a machine).\n")
             continue
-        r, notes = results.read(path), Notes(base)
-        lines.append(f"*{job.label}*: {_device(r)}{notes.filled(path, r, True)}, torch {r['versions']['torch']}, "
+        (path, r), notes = records[job.name], Notes(base)
+        if "versions" not in r:  # killed at its budget before its report
+            lines.append(f"*{job.label}*{budget_note(r)}, no figures: `{benchmark_command(r['command'])}`, record "
+                         f"{_provenance(path, r, base, notes)}.\n")
+            continue
+        lines.append(f"*{job.label}*{budget_note(r)}: {_device(r)}{notes.filled(path, r, True)}, torch {r['versions']['torch']}, "
                      f"`{benchmark_command(r['command'])}`, "
                      f"record {_provenance(path, r, base, notes)}{notes.filled(path, r, False)}.\n")
         lines.append("| what | ours | reference | ratio | target |\n| --- | --- | --- | --- | --- |")
@@ -317,10 +343,10 @@ def pages() -> list[Path]:
     return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
-def render(text: str, results_dir: Path, base: Path, plans: list[Plan] | None = None) -> str:
+def render(text: str, results_dir: Path, base: Path, plans: list[Plan] | None = None, *, runner) -> str:
     """A page's text (README's, a docs page's) with every figures block rendered from the records in
-    ``results_dir``, their links relative to ``base``, the page's folder; the rows are the plans' (default:
-    the repository's experiments/)."""
+    ``results_dir`` that satisfy their rows (``satisfying``: ``runner.compare``), their links relative to
+    ``base``, the page's folder; the rows are the plans' (default: the repository's experiments/)."""
     plans = load_all() if plans is None else plans
 
     def block(m: re.Match) -> str:
@@ -328,8 +354,9 @@ def render(text: str, results_dir: Path, base: Path, plans: list[Plan] | None = 
         jobs = jobs_of(table, plans)
         if not jobs:
             raise ConfigError(f"a page names a figures table {table!r} that no plan measures")
-        body = render_benchmark(table, results_dir, base, plans) if isinstance(jobs[0], Benchmark) else \
-            render_runs(table, results_dir, base, plans)
+        records = satisfying(table, results_dir, plans, runner)
+        body = render_benchmark(table, base, plans, records) if isinstance(jobs[0], Benchmark) else \
+            render_runs(table, base, plans, records)
         return m.group(1) + body + m.group(4)
 
     return BLOCK.sub(block, text)

@@ -234,14 +234,13 @@ def record_run(trainer, module, mode: str, argv: list[str], ckpt: str | None, me
     return path
 
 
-def differences(record: dict, configuration: dict | None) -> list[str] | None:
+def differences(record: dict, configuration: dict) -> list[str]:
     """The options in which a record's run differs from ``configuration`` (a run's effective configuration, as
-    vit.commands.train writes it), as ``option: recorded → planned``; [] when it is that run. None when it cannot
-    tell: a record from before records kept their configuration (README's committed history), or an unknown
-    ``configuration`` (a run of another commit)."""
+    vit.commands.train writes it), as ``option: recorded → planned``; [] when it is that run. A record without a
+    configuration (from before records kept it) is not known to be that run: ``configuration: not recorded``."""
     recorded = record.get("configuration")
-    if not isinstance(recorded, dict) or configuration is None:
-        return None
+    if not isinstance(recorded, dict):
+        return ["configuration: not recorded"]
     return changes(recorded, configuration)
 
 
