@@ -207,7 +207,7 @@ def test_make_figures_measures_this_machines_table_and_then_measures_nothing(tmp
 def test_each_run_is_one_command_unless_minutes_bounds_them(tmp_path):
     """The gpu plan, in order of value, within its 8.5 minutes: the default recipe, then where a training step
     goes (the breakdown benchmark), the benchmarks, then the fast recipe (time to 90/93/94 %), each with its own
-    budget, the budgets summing to the plan's less the grace each may take. By default every training run is
+    budget, the budgets summing to at most the plan's. By default every training run is
     one command, run whole (a run cut into commands restarts and recompiles in each); with --minutes every
     training command stops in time and the next continues it, and a benchmark without a budget of its own is
     bounded too (vit-benchmark --minutes)."""
@@ -219,7 +219,7 @@ def test_each_run_is_one_command_unless_minutes_bounds_them(tmp_path):
     assert jobs[0].args == ("--config", "vit_cifar10") and jobs[-1].args == ("--config", "vit_cifar10_fast")
     assert isinstance(jobs[1], plans.Benchmark) and "breakdown" in jobs[1].args[1]
     assert gpu.budget_minutes <= 8.5 and all(job.minutes for job in jobs)
-    assert sum(job.minutes for job in jobs) + len(jobs) * plans.plan_file.GRACE_SECONDS / 60 <= gpu.budget_minutes
+    assert sum(job.minutes for job in jobs) <= gpu.budget_minutes
     assert "vit.training.callbacks.TimeToAccuracy" in configs.path("vit_cifar10_fast").read_text()
     assert any(isinstance(job, plans.Benchmark) for job in jobs)
     assert parser.parse_args([]).minutes is None
@@ -275,7 +275,7 @@ def test_quick_runs_every_run_of_every_plan(tmp_path):
     every = [plan for plan in plans.load_all() if not plan.history]  # (history plans: test_history_plans_...)
     jobs = [job for plan in every for job in plan.runs]
     at_once = sum(isinstance(job, plans.Run) for plan in every if plan.resources["at_once"] > 1 for job in plan.runs)
-    assert len(re.findall(r"\(core \d+\)", again.stdout)) == at_once >= 6  # runs at once, a core each
+    assert len(re.findall(r"\(core \d+\)", again.stdout)) == at_once  # runs at once, a core each (test_plans: a users' plan)
     benchmarks = sum(isinstance(job, plans.Benchmark) for job in jobs)
     assert benchmarks >= 3  # --quick runs the benchmark once and gives its report to every other benchmark job
     assert again.stdout.count("scripts/benchmark.py") == 1
@@ -288,8 +288,6 @@ def test_quick_runs_every_run_of_every_plan(tmp_path):
         if isinstance(job, plans.Run):
             assert record["epochs"] == 2 and 0 <= record["test_top1"] <= 100
             assert record["recipe"] == job.args[1]
-    pinned = json.loads((tmp_path / "results" / "muon-horizon" / "muon-10min-s0.json").read_text())
-    assert pinned["torch_threads"] == 1 and pinned["cpu_cores"] == 1
     text = readme.read_text()
     assert "pending" not in text and text.count("](") == len(jobs)
     assert "time to 90 / 93 / 94 %" in text  # the fast recipe's TimeToAccuracy reached the record
@@ -414,8 +412,6 @@ STARTUP_MARGIN = 30  # s: Python's start-up and the plan's parse before its cloc
 
 
 @pytest.mark.long
-@pytest.mark.xfail(strict=True, reason="at this scale on 2 CPU cores every row is killed at its budget and the fast "
-                   "recipe's row does not fit in what is left: the rehearsal needs the rows' data sizes scaled too")
 def test_the_gpu_plan_rehearsed_on_a_cpu_writes_every_rows_record_inside_its_scaled_budget(tmp_path):
     """`make figures --plan gpu --scale S` on a CPU, offline, with CIFAR-10 (generated, in the official format)
     where `make data` puts it: the gpu plan's own rows, each in S times its budget, write their records (or are

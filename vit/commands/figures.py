@@ -22,7 +22,7 @@ where it stopped.
 
 A plan may bound its time: each row's own budget (its minutes: a training run trains for that less a reserve
 for start-up, compile and test, --trainer.max_time, and a benchmark runs with vit-benchmark --minutes; either
-is killed 10 s past it, with one line), and the whole plan's (budget_minutes, or --total-minutes): a row that
+is killed at its end, with one line), and the whole plan's (budget_minutes, or --total-minutes): a row that
 would not fit in what is left is skipped with one line and stays pending. A row its budget stopped says so in
 its record ("budget") and in its table. The gpu plan ends within its 8.5 minutes this way; --scale S rehearses
 it in S times its time (the rows' own commands, on this machine).

@@ -10,7 +10,7 @@ A plan file::
     seeds: [0, 1]              # each run once per seed: NAME-sSEED, --seed_everything SEED (none: one run each,
                                # the recipe's seed)
     minutes: 10                # each run's budget, its whole command's: it trains for --trainer.max_time of that
-                               # less a reserve for start-up, compile and test, and is killed 10 s past it
+                               # less a reserve for start-up, compile and test, and is killed at its end
                                # (none: the recipe's max_time, no bound)
     budget_minutes: 30         # the whole plan's: a run that would not fit in what is left is skipped, pending
     resources:                 # what one run gets

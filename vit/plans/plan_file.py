@@ -17,7 +17,6 @@ EXPERIMENTS = REPO / "experiments"  # the plans of README's and docs/' tables (a
 STOPPED = status_of(Stopped())  # vit-train's exit status for a run that stopped where it resumes (4)
 NAME = re.compile(r"[A-Za-z0-9][\w-]*")
 RESERVE_SECONDS, RESERVE_SHARE = 20, 0.2  # of a run's budget, not for training: start-up, compile, test
-GRACE_SECONDS = 10  # a run with a budget is killed this long after it, whatever it does
 PLAN_KEYS = {"table", "args", "seeds", "minutes", "budget_minutes", "resources", "runs", "history"}
 RUN_KEYS = {"name", "label", "args", "seeds", "minutes", "data", "commit", "benchmark"}
 RESOURCE_KEYS = {"cpus": 1, "gpus": 0, "memory": None, "time": None, "at_once": 1}  # None: the cluster's default

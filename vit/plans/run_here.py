@@ -18,7 +18,7 @@ from pathlib import Path
 from vit.training import results
 from vit.exits import ConfigError
 from vit.plans.inputs import Inputs
-from vit.plans.plan_file import (DATA, GRACE_SECONDS, REPO, RESERVE_SHARE, STOPPED, Benchmark, Plan, PlanFailed,
+from vit.plans.plan_file import (DATA, REPO, RESERVE_SHARE, STOPPED, Benchmark, Plan, PlanFailed,
                                  PlanStopped, Run)
 
 QUICK_TRAIN = ("--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2",
@@ -257,12 +257,12 @@ class Runner(Inputs):
         return None if job.minutes is None else job.minutes * self.scale
 
     def fits(self, job: Run | Benchmark) -> bool:
-        """Whether the job's budget (and the grace before it is killed) fits in what is left of the plan's; one
-        line where it does not: it is skipped, and stays pending."""
+        """Whether the job's budget (start-up to record: it is killed at its end) fits in what is left of the
+        plan's; one line where it does not: it is skipped, and stays pending."""
         if self.deadline is None:
             return True
         left = (self.deadline - time.monotonic()) / 60
-        needs = (self.budget(job) or float("inf")) + GRACE_SECONDS / 60
+        needs = self.budget(job) or float("inf")
         if needs <= left:
             return True
         print(f"[plan] {job.name}: skipped: needs {needs:.2g} min, {max(left, 0):.2g} left"
@@ -330,19 +330,19 @@ class Runner(Inputs):
         return env
 
     def wait(self, procs: list[tuple[Run | Benchmark, subprocess.Popen]]) -> list[int | None]:
-        """Each process's exit status; None for one killed (its process group) at its budget and the grace after
-        it, or at the plan's deadline, with one line."""
+        """Each process's exit status; None for one killed (its process group) at the end of its budget
+        or at the plan's deadline, with one line."""
         codes = []
         for job, proc in procs:
             ends = [t for t in (self.deadline, None if self.budget(job) is None else
                                 proc.started + 60 * self.budget(job)) if t is not None]
             try:
-                codes.append(proc.wait(timeout=max(0.0, min(ends) + GRACE_SECONDS - time.monotonic()) if ends else None))
+                codes.append(proc.wait(timeout=max(0.0, min(ends) - time.monotonic()) if ends else None))
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 budget = f"its {self.budget(job):g}-min budget" if self.budget(job) is not None else "the plan's budget"
-                print(f"[plan] {job.name}: killed at {budget} (and {GRACE_SECONDS} s)", flush=True)
+                print(f"[plan] {job.name}: killed at {budget}", flush=True)
                 codes.append(None)
         return codes
 
