@@ -292,3 +292,54 @@ class RecordData(L.Callback):
             [path for path, _ in val.samples]
         (Path(trainer.default_root_dir) / f"data.{trainer.global_rank}").write_text(
             json.dumps([paths, sorted(dm.bad_files), held]))
+
+
+class StepEvents(L.Callback):
+    """torch.profiler over the optimizer steps ``start`` + 1 to ``start`` + ``steps`` (as trainer.global_step counts
+    them when each ends), each from its batch's start to the next one's (its callbacks, logging and checks
+    included), and, per step, the collectives this process issued (vit.training.step_profile.collectives: the
+    gradients' all-reduce, a broadcast, ...) and its host syncs: written as JSON into ``<run>/steps.<rank>.json``
+    (``{step: {"collectives": {name: n}, "syncs": n}}``)."""
+
+    def __init__(self, start: int = 2, steps: int = 12):
+        self.start, self.steps, self.profiler, self.marks = start, steps, None, []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        import torch
+
+        step = trainer.global_step
+        if step == self.start and self.profiler is None and not self.marks:
+            self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            self.profiler.__enter__()
+        if self.profiler is not None and step == self.start + self.steps:
+            self.end(trainer)
+        elif self.profiler is not None and step not in dict(self.marks):  # (a step's first batch)
+            self.marks.append((step, f"vit-test step {step + 1}"))
+            with torch.profiler.record_function(self.marks[-1][1]):
+                pass
+
+    def on_train_end(self, trainer, pl_module):
+        if self.profiler is not None:
+            self.end(trainer)
+
+    def end(self, trainer) -> None:
+        import json
+        from collections import Counter
+        from pathlib import Path
+
+        from vit.training.step_profile import SYNC, collective
+
+        self.profiler.__exit__(None, None, None)
+        events = sorted(self.profiler.events(), key=lambda e: e.time_range.start)
+        self.profiler, step, per_step = None, None, {}
+        names = {name: s + 1 for s, name in self.marks}
+        for event in events:
+            if event.name in names:
+                step = names[event.name]
+                per_step[step] = {"collectives": Counter(), "syncs": 0}
+            elif step is not None and collective(event.name):
+                per_step[step]["collectives"][event.name] += 1
+            elif step is not None and event.name == SYNC:
+                per_step[step]["syncs"] += 1
+        path = Path(trainer.default_root_dir) / f"steps.{trainer.global_rank}.json"
+        path.write_text(json.dumps(per_step, indent=1))

@@ -21,7 +21,8 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
-EVERY_STEP = ["--step_checkpoint_minutes", "0.0001"]  # 6 ms: a step checkpoint after every step
+# 6 ms: a step checkpoint after every step (the processes decide it at the check steps: every log_every_n_steps)
+EVERY_STEP = ["--step_checkpoint_minutes", "0.0001", "--trainer.log_every_n_steps", "1"]
 # a one-task SLURM job's variables: set in this process, vit-train runs as that job (run folder slurm-77)
 SLURM_TASK = {"SLURM_JOB_ID": "77", "SLURM_NTASKS": "1", "SLURM_JOB_NUM_NODES": "1", "SLURM_NTASKS_PER_NODE": "1",
               "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_JOB_NAME": "vit",

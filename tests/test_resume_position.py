@@ -55,25 +55,32 @@ def test_a_validation_inside_an_accumulation_window_is_refused_before_training(t
 
 
 def test_the_time_limit_looks_at_the_clock_where_optimizer_steps_end_only():
-    """A spent budget stops the run at the end of the accumulation window (batch 4 of 2 × 2), not inside it
-    (batch 3), where Lightning's own Timer stops; the state is kept under the Timer's key."""
+    """A spent budget stops the run at the end of a check step (vit.training.agreement: every log_every_n_steps
+    optimizer steps, 2 here): batch 4 of 2 × 2 batches a step, not inside an accumulation window (batch 3),
+    where Lightning's own Timer stops, nor at step 1; the schedule reads the clock agreed there; the state is
+    kept under the Timer's key."""
     from lightning.pytorch.callbacks import Timer
 
     from vit.data.resume import StepEndTimer
+    from vit.training.agreement import Agreement
+    from vit.training.schedule import shared_clock
 
     progress = SimpleNamespace(current=SimpleNamespace(processed=0), is_last_batch=False)
-    trainer = SimpleNamespace(should_stop=False, accumulate_grad_batches=2, num_training_batches=8,
-                              strategy=SimpleNamespace(broadcast=lambda x: x),
+    timer, agreement = StepEndTimer("00:00:00:00"), Agreement()
+    trainer = SimpleNamespace(should_stop=False, accumulate_grad_batches=2, num_training_batches=16, global_step=0,
+                              log_every_n_steps=2, is_global_zero=True, world_size=1, callbacks=[timer, agreement],
+                              strategy=SimpleNamespace(root_device=torch.device("cpu")),
                               fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)))
-    timer = StepEndTimer("00:00:00:00")
     timer.on_train_start(trainer, None)
     stops = []
-    for processed in (1, 2, 3, 4):
-        progress.current.processed = processed
+    for processed in range(1, 9):
+        progress.current.processed, trainer.global_step = processed, processed // 2
         trainer.should_stop = False
-        timer.on_train_batch_end(trainer, None, None, None, processed - 1)
+        for callback in trainer.callbacks:
+            callback.on_train_batch_end(trainer, None, None, None, processed - 1)
         stops.append(trainer.should_stop)
-    assert stops == [False, True, False, True]
+    assert stops == [False, False, False, True, False, False, False, True]
+    assert shared_clock(trainer) == agreement.clock and agreement.clock[1] == pytest.approx(0, abs=0.01)  # (0 s)
     assert timer.state_key == Timer(duration="00:00:00:00").state_key == "Timer"
 
 

@@ -116,3 +116,26 @@ def test_cuda_graphs_are_refused_off_a_gpu_in_one_line(tmp_path, fake_cifar, cap
     (line,) = errors_of(capsys)
     assert "reduce-overhead" in line and "GPU" in line and "--model.compile true" in line
     assert not list(tmp_path.glob("runs/smoke/version_0/checkpoints/*.ckpt"))  # nothing trained
+
+
+def test_values_are_read_on_the_host_every_log_every_n_steps_steps_alone(tmp_path, data):
+    """One process, the fast recipe eager at a small width, log_every_n_steps 3, the CSV logger, Throughput, the
+    progress bar's lines and the divergence guard on: each step's host syncs (tests/callbacks.py StepEvents, steps
+    3 to 11 of the first epoch's 21) happen at the steps that are multiples of 3, and at no other."""
+    import os
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)]), "WANDB_MODE": "disabled"}
+    recipe = str(ROOT / "configs" / "vit_cifar10_fast.yaml")  # (this tree's, whichever tree is installed)
+    cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), "--config", recipe, "--data.root", str(data),
+           "--data.val_size", "100", "--data.batch_size", "64", "--data.num_workers", "0",
+           "--trainer.accelerator", "cpu", "--trainer.max_steps", "12", "--trainer.logger",
+           "vit.training.loggers.CSVLogger", "--trainer.log_every_n_steps", "3", "--trainer.enable_model_summary",
+           "false", "--test_after_fit", "false", "--model.compile", "false", "--model.arch.dim", "32",
+           "--model.arch.depth", "2", "--model.arch.heads", "2",
+           "--trainer.callbacks+=callbacks.StepEvents", "--trainer.callbacks.start", "2", "--trainer.callbacks.steps", "9"]
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (written,) = tmp_path.rglob("steps.0.json")  # (in the run's folder)
+    steps = {int(s): v["syncs"] for s, v in json.loads(written.read_text()).items()}
+    assert sorted(steps) == list(range(3, 12)), steps
+    assert all(steps[s] > 0 for s in (3, 6, 9)) and all(n == 0 for s, n in steps.items() if s % 3), steps

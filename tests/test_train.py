@@ -418,8 +418,10 @@ def test_time_budget_schedule_decays_over_the_budget(tmp_path, fake_cifar_sessio
     out = caplog.text
     assert "then cosine to 0.0001 at 8 s of training" in out and "Time limit reached" in out, out[-2000:]
     switches = re.findall(r"step (\d+): training on (\d+)-px images \((\d+) patch tokens\)", out)
-    # the size moves after the step whose clock reaches 0.3 and 0.6 of the 8 s: 2.4 s and 4.8 s, at 1/8 s a step
-    assert [tuple(map(int, s)) for s in switches] == [(0, 16, 16), (20, 24, 36), (39, 32, 64)]
+    # the size moves after the step whose clock reaches 0.3 and 0.6 of the 8 s: 2.4 s and 4.8 s, at 1/8 s a step,
+    # one step later than the clock: the schedule reads the clock that every process agreed on at the end of
+    # the step before (vit.training.agreement; every step here, as log_every_n_steps is 1)
+    assert [tuple(map(int, s)) for s in switches] == [(0, 16, 16), (21, 24, 36), (40, 32, 64)]
     from vit.reporting import report
 
     lr = [v for _, v in report.read_metrics(tmp_path / "runs/smoke/version_0/metrics.csv")["lr-AdamW/pg1"]]
@@ -429,9 +431,10 @@ def test_time_budget_schedule_decays_over_the_budget(tmp_path, fake_cifar_sessio
     optimizer = torch.optim.SGD([torch.zeros(1)], lr=peak)
     timm = CosineLRScheduler(optimizer, t_initial=10_000, lr_min=1e-4, warmup_t=warmup, warmup_lr_init=peak * 1e-3,
                              warmup_prefix=True, t_in_epochs=False)
-    end_of_warmup = (warmup + 1) * 0.125  # the clock at the first step after the warmup
-    updates = [step if step <= warmup else warmup + round((step * 0.125 - end_of_warmup) / (8 - end_of_warmup) * 10_000)
-               for step in range(64)]
+    # the clock agreed at the end of the step before (as above): the first step after the warmup reads warmup × 1/8 s
+    end_of_warmup = warmup * 0.125
+    updates = [step if step <= warmup else
+               warmup + round(((step - 1) * 0.125 - end_of_warmup) / (8 - end_of_warmup) * 10_000) for step in range(64)]
     expected = [timm.step_update(u) or optimizer.param_groups[0]["lr"] for u in updates]
     assert lr == pytest.approx(expected, rel=1e-6)
     assert lr[-1] < 1e-4 + 0.01 * (peak - 1e-4)  # the last step's lr is at the cosine's end

@@ -5,6 +5,13 @@ and fails on one that is not listed here, or on an entry whose use is gone."""
 
 PRIVATE_USES = (
     # (file, what, why)
+    ("vit/training/agreement.py", "fit_loop.epoch_loop._broadcast_sigterm_tensor", "under DDP Lightning's training loop broadcasts rank "
+     "zero's SIGTERM state before every batch and reads it on the host (a collective and a GPU sync every step), "
+     "with no option to turn it off: the agreement replaces it on the loop, so that a step issues no collective "
+     "but the gradients' all-reduce"),
+    ("vit/training/progress.py", "TQDMProgressBar.refresh_rate", "the bar moves every log_every_n_steps batches, which "
+     "is known only at setup; TQDMProgressBar takes its rate in its constructor and reads it through this property "
+     "alone, which ProgressBar overrides"),
     ("vit/training/progress.py", "_logger_connector", "ProgressBar shows trainer._logger_connector._progress_bar_metrics, "
      "the values every rank has already computed: the public trainer.progress_bar_metrics computes them, a synced "
      "metric's all-gather that rank zero alone would issue (a DDP deadlock)"),

@@ -25,10 +25,10 @@ FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 
 def user_env(**extra: str) -> dict:
     """A user's environment: W&B with no credentials (so: offline, as for a new user), test callbacks
-    importable (`--trainer.callbacks+=callbacks.X`)."""
+    importable (`--trainer.callbacks+=callbacks.X`), and this tree's vit, whichever tree the environment installed."""
     env = {k: v for k, v in os.environ.items() if k not in ("WANDB_API_KEY", "WANDB_MODE", "VIT_RUN_DIR",
                                                                    "VIT_RUNS")}
-    env.update(WANDB_SILENT="true", PYTHONUNBUFFERED="1", PYTHONPATH=str(TESTS), **extra)
+    env.update(WANDB_SILENT="true", PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join([str(TESTS), str(ROOT)]), **extra)
     return env
 
 

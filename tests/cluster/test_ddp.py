@@ -353,3 +353,29 @@ def test_more_processes_train_the_same_run(tmp_path, fake_cifar_session):
         delta = max_abs_diff(ckpt["state_dict"], weights["state_dict"])
         print(f"{name}: max |Δw| against one process after 14 steps: {delta:.3g}")
         assert delta < 1e-4, name
+
+
+def test_a_step_issues_no_collective_but_the_gradients_all_reduce(tmp_path, fake_cifar_session):
+    """2 processes (gloo), the step checkpoint on (its default), --trainer.max_time set: every decision that the
+    processes must take alike (the step checkpoint's time, the time budget, the schedule's clock, divergence,
+    SLURM's signal) is taken every log_every_n_steps steps, in one all-reduce. torch.profiler counts each
+    step's collectives (tests/callbacks.py StepEvents, steps 3 to 14, none an epoch's last): the gradients'
+    all-reduce alone in every other step, and that one more at the steps that are multiples of 4."""
+    every = 4
+    cmd = [sys.executable, *TRAIN, "--data.root", str(fake_cifar_session), *DDP, "--trainer.max_epochs", "1",
+           "--data.batch_size", "16", "--trainer.log_every_n_steps", str(every), "--trainer.max_time", "00:00:30:00",
+           "--test_after_fit", "false", "--trainer.callbacks+=callbacks.StepEvents", "--trainer.callbacks.start", "2",
+           "--trainer.callbacks.steps", "12"]
+    code, out, _ = run_rank_zero(cmd, tmp_path, timeout=300)
+    assert code == 0, out[-3000:]
+    run = tmp_path / "runs" / "smoke" / "version_0"
+    import json
+
+    for rank in (0, 1):
+        steps = {int(s): v for s, v in json.loads((run / f"steps.{rank}.json").read_text()).items()}
+        print(f"rank {rank}: " + "; ".join(f"step {s}: {dict(v['collectives'])}" for s, v in steps.items()))
+        assert sorted(steps) == list(range(3, 15)), steps
+        gradients = {"c10d::allreduce_": 1}
+        for step, seen in steps.items():
+            expected = {"c10d::allreduce_": 2} if step % every == 0 else gradients
+            assert seen["collectives"] == expected, (rank, step, steps)

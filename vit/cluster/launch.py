@@ -177,7 +177,7 @@ def apply_allocation(trainer) -> None:
 
 def parallelism(trainer: dict, ddp_timeout: float) -> dict:
     """The Trainer's strategy and plugins for this launch: DDP with ``ddp_timeout`` seconds on its process
-    group where more than one process trains;
+    group where more than one process trains, whose steps issue no collective but the gradients' all-reduce;
     checkpoints written atomically (vit.cluster.checkpoint_io); under SLURM, Lightning's own preemption handler off
     (it deadlocks DDP: vit.training.guards.StopOnSignal handles SIGUSR1)."""
     from datetime import timedelta
@@ -194,7 +194,9 @@ def parallelism(trainer: dict, ddp_timeout: float) -> dict:
     if strategy == "ddp" or (strategy == "auto" and count * nodes > 1):
         from lightning.pytorch.strategies import DDPStrategy
 
-        kwargs["strategy"] = DDPStrategy(timeout=timedelta(seconds=ddp_timeout))
+        # broadcast_buffers off: the model's buffers (the normalisation's mean and std) never change, and DDP would
+        # broadcast them from rank zero before every forward, a collective in every step
+        kwargs["strategy"] = DDPStrategy(timeout=timedelta(seconds=ddp_timeout), broadcast_buffers=False)
     plugins = trainer.get("plugins") or []
     kwargs["plugins"] = [*(plugins if isinstance(plugins, list) else [plugins]), AtomicCheckpointIO(),
                          *([SLURMEnvironment(auto_requeue=False)] if slurm_job() else [])]

@@ -23,6 +23,7 @@ asks for the run's length), so the position is the datamodule's state, restored 
 from __future__ import annotations
 
 import random
+import time
 
 import lightning as L
 import numpy as np
@@ -436,26 +437,39 @@ def at_step_end(trainer) -> bool:
 
 class StepCheckpoint(ModelCheckpoint):
     """The rolling step checkpoint: ``<run>/checkpoints/step.ckpt``, rewritten every ``minutes`` of
-    training (Lightning's ``train_time_interval``), mid-epoch, at the end of an optimizer step (never
-    inside an accumulation window); never at an epoch's last step (it is due again at the next one)."""
+    training by rank zero's clock, mid-epoch, at the end of a check step, where every process agrees that it is
+    due (vit.training.agreement: every log_every_n_steps optimizer steps, never inside an accumulation window);
+    never at an epoch's last step (it is due again at the next check)."""
 
     def __init__(self, dirpath, minutes: float):
-        from datetime import timedelta
-
         from vit.cluster.runs import STEP
 
         super().__init__(dirpath=dirpath, filename=STEP.removesuffix(".ckpt"), enable_version_counter=False,
-                         train_time_interval=timedelta(minutes=minutes))
+                         every_n_train_steps=1)  # (each step it is asked to: when the processes agree it is due)
+        self.seconds, self.saved = 60 * minutes, None
+
+    def on_train_start(self, trainer, pl_module):
+        super().on_train_start(trainer, pl_module)
+        self.saved = time.monotonic()
+
+    def due(self) -> bool:
+        """Whether ``minutes`` have passed since training started or this last wrote (rank zero's is agreed)."""
+        return self.saved is not None and time.monotonic() - self.saved >= self.seconds
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if at_step_end(trainer) and not at_epoch_end(trainer):
+        from vit.training.agreement import Agreement
+
+        agreement = next((c for c in trainer.callbacks if isinstance(c, Agreement)), None)
+        if agreement is not None and agreement.checkpoint_due and not at_epoch_end(trainer):
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            self.saved = time.monotonic()
 
 
 class StepEndTimer(Timer):
-    """Lightning's Timer (``--trainer.max_time``), looking at the clock only where an optimizer step ends. The
-    Trainer's own looks after every batch, and a stop inside an accumulation window validates and writes its
-    checkpoints there: without the gradients summed so far, no split resumes them exactly (vit-train refuses
+    """Lightning's Timer (``--trainer.max_time``), whose clock is looked at only at check steps, where every
+    process takes rank zero's (vit.training.agreement: every log_every_n_steps optimizer steps). The Trainer's
+    own looks after every batch, in a collective, and a stop inside an accumulation window validates and writes
+    its checkpoints there: without the gradients summed so far, no split resumes them exactly (vit-train refuses
     them). Its state is kept under the Timer's key, so the elapsed time of a run resumes either way."""
 
     def __init__(self, duration):
@@ -466,8 +480,7 @@ class StepEndTimer(Timer):
         return Timer.__qualname__
 
     def on_train_batch_end(self, trainer, *args, **kwargs):
-        if at_step_end(trainer):
-            super().on_train_batch_end(trainer, *args, **kwargs)
+        pass  # (vit.training.agreement.Agreement stops the run)
 
 
 def check_validation_interval(every, k: int) -> None:

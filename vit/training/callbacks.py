@@ -236,7 +236,8 @@ def batch_size(batch) -> int:
 class Throughput(L.Callback):
     """Training samples/s, FLOP/s (the model's analytic FLOPs per batch, ``ViTClassifier.flops_per_batch``) and
     MFU against Lightning's table of device peaks, by Lightning's ``Throughput``, as its ThroughputMonitor
-    logs them (``train/device/samples_per_sec``, ...), every ``log_every_n_steps`` steps, over a window of
+    logs them (``train/device/samples_per_sec``, ...), every ``log_every_n_steps`` steps (at the steps every value
+    is read on the host: vit.training.agreement.check_step), over a window of
     about ``window_size`` steps, validation's time left out. The clock is read at those steps alone, after waiting for the GPU there:
     Lightning's monitor waits for it at every batch, which costs a GPU-bound step its overlap with the next."""
 
@@ -264,9 +265,11 @@ class Throughput(L.Callback):
         self.validating = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        from vit.training.agreement import check_step
+
         self.samples += batch_size(batch)
         self.batches += 1
-        if self.batches % (trainer.log_every_n_steps * trainer.accumulate_grad_batches):
+        if not check_step(trainer):
             return
         if pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
@@ -306,12 +309,14 @@ def run_callbacks(trainer: dict, configured: list, step_checkpoint_minutes: floa
     """Every run's own callbacks, attached here and nowhere else (a recipe lists only what it chooses:
     checkpoints, throughput, W&B media, time to accuracy): the watchdog (a process with no batch in
     ``stuck_seconds`` ends), exact resume (epoch seeds), the divergence
-    and preemption stops (looked at every log_every_n_steps steps), the run's clock and record, the
+    and preemption stops, the run's clock and record, the
     learning rate in the logs, --stop_after_minutes, --trainer.max_time at optimizer steps' ends
     (vit.data.resume.StepEndTimer), the rolling step checkpoint and each process's RNG
     states in checkpoints, a checkpoint's batch counts in this run's split (exact mid-epoch resume under any
     split of the global batch, vit.data.resume), the W&B run's id in checkpoints, and
-    vit.training.progress.ProgressBar and ModelSummary unless one is configured or turned off."""
+    vit.training.progress.ProgressBar and ModelSummary unless one is configured or turned off; and the agreement
+    of every process on what all of them decide alike (the stops, the clock, the step checkpoint), every
+    log_every_n_steps steps, in one collective (vit.training.agreement)."""
     from pathlib import Path
 
     from lightning.pytorch.callbacks import LearningRateMonitor, Timer
@@ -319,15 +324,16 @@ def run_callbacks(trainer: dict, configured: list, step_checkpoint_minutes: floa
     from lightning.pytorch.callbacks import ProgressBar as LightningProgressBar
 
     from vit.cluster import runs
+    from vit.training.agreement import Agreement
     from vit.training.guards import StopAfterMinutes, StopOnNonFinite, StopOnSignal, Watchdog
     from vit.training.progress import ModelSummary, ProgressBar
     from vit.data.resume import DataSplit, RNGStates, StepCheckpoint, StepEndTimer
     from vit.data.seeding import EpochSeed
 
-    every = trainer.get("log_every_n_steps") or 50
-    # StopOnSignal after the clock: its checkpoint of the stop step holds that step's count
-    callbacks = [Watchdog(stuck_seconds), EpochSeed(), RNGStates(), DataSplit(), StopOnNonFinite(every),
-                 TrainingClock(), StopOnSignal(every), WandbRunId()]
+    # the agreement after the divergence guard (its flag of the step) and the clock (a preemption's checkpoint
+    # holds that step's count)
+    callbacks = [Watchdog(stuck_seconds), EpochSeed(), RNGStates(), DataSplit(), StopOnNonFinite(),
+                 TrainingClock(), StopOnSignal(), Agreement(), WandbRunId()]
     if trainer.get("logger", True) not in (False, []):
         callbacks.append(LearningRateMonitor("step"))
     if trainer.get("enable_progress_bar") is not False and \

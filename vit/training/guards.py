@@ -1,6 +1,7 @@
 """What stops a run before its end, and how every process agrees on it: divergence (exit 3), SLURM's
 preemption signal and --stop_after_minutes (exit 4). Each decides at a step or epoch boundary that every
-process reaches, with one collective issued by all of them (vit.exits defines the statuses). And what
+process reaches, with one collective issued by all of them; within an epoch, at the check steps, where one
+all-reduce carries every decision (vit.training.agreement; vit.exits defines the statuses). And what
 ends a process that is stuck, which no collective can decide: the watchdog (exit 5)."""
 
 from __future__ import annotations
@@ -192,13 +193,12 @@ class StopOnNonFinite(L.Callback):
     """Stop training with ``TrainingDiverged`` when the loss or the gradient norm becomes non-finite.
 
     Every step is watched on the device (the first bad step and the last finite loss are kept there,
-    with no host sync); the host looks every ``every_n_steps`` steps, before each validation and at
-    the end of each epoch, so a checkpoint is never written after a bad step (and non-finite weights
-    are refused at every save in any case). Under DDP all ranks decide together.
+    with no host sync); the host looks every ``log_every_n_steps`` steps (vit.training.agreement), before each
+    validation and at the end of each epoch, so a checkpoint is never written after a bad step (and non-finite
+    weights are refused at every save in any case). Under DDP all ranks decide together.
     """
 
-    def __init__(self, every_n_steps: int = 1):
-        self.every_n_steps = max(1, every_n_steps)
+    def __init__(self):
         self.restored_loss = math.nan  # the last finite loss of the run this one resumes
 
     def state_dict(self):
@@ -228,8 +228,6 @@ class StopOnNonFinite(L.Callback):
         first = (self.bad_step < 0) & ~finite
         self.bad_step = torch.where(first, trainer.global_step - 1, self.bad_step)
         self.last_finite = torch.where((self.bad_step < 0) & finite, loss, self.last_finite)
-        if trainer.global_step % self.every_n_steps == 0:
-            self.check(trainer)
 
     def on_validation_start(self, trainer, pl_module):
         if hasattr(self, "bad_step"):
@@ -245,8 +243,11 @@ class StopOnNonFinite(L.Callback):
                                    "the weights are not finite; no checkpoint was written")
 
     def check(self, trainer) -> None:
-        if not trainer.strategy.reduce_boolean_decision(bool(self.bad_step >= 0), all=False):
-            return
+        if trainer.strategy.reduce_boolean_decision(bool(self.bad_step >= 0), all=False):
+            self.stop(trainer)
+
+    def stop(self, trainer) -> None:
+        """A process saw a non-finite value (every process stops alike)."""
         step, last = int(self.bad_step), float(self.last_finite)
         where = f"at step {step}" if step >= 0 else "on another process"
         last = f"last finite loss {last:.4f}" if math.isfinite(last) else "no finite loss before it"
@@ -260,7 +261,7 @@ class StopOnSignal(L.Callback):
     """Preemption on SLURM, handled where every process is at the same point: a step boundary.
 
     SLURM sends SIGUSR1 before a time limit or a preemption (``#SBATCH --signal=SIGUSR1@90``); the
-    handler only notes it. Every ``every_n_steps`` steps all processes agree (one all-reduce) whether
+    handler only notes it. Every ``log_every_n_steps`` steps all processes agree (vit.training.agreement) whether
     any of them got it; if so every process writes the step checkpoint of that step together
     (``<run>/checkpoints/step.ckpt``: weights, optimizer, schedule, EMA, loops, each process's data
     position and RNG states; vit.data.resume) and stops with ``Preempted`` (exit 4), and the job's script
@@ -270,8 +271,7 @@ class StopOnSignal(L.Callback):
     step while the other ranks wait in backward: a deadlock, Lightning #21406; vit.commands.train turns it
     off.) Outside a SLURM job this does nothing."""
 
-    def __init__(self, every_n_steps: int = 1):
-        self.every_n_steps = max(1, every_n_steps)
+    def __init__(self):
         self.job = None
         self.signalled = False
 
@@ -285,19 +285,13 @@ class StopOnSignal(L.Callback):
     def _note(self, signum, frame):
         self.signalled = True
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        from vit.data.resume import at_epoch_end, at_step_end
-
-        # at an optimizer step's end (not inside an accumulation window); not at an epoch's last step (every
-        # process is there alike): its end-of-epoch checkpoint follows
-        if self.job and at_step_end(trainer) and trainer.global_step % self.every_n_steps == 0 \
-                and not at_epoch_end(trainer):
-            self.check(trainer)
-
-    def check(self, trainer) -> None:
+    def stop(self, trainer) -> None:
+        """A process got the signal: at a check step's end (an optimizer step's, not inside an accumulation
+        window); not at an epoch's last step (every process is there alike): its end-of-epoch checkpoint follows."""
         from vit.cluster.runs import CHECKPOINTS, STEP
+        from vit.data.resume import at_epoch_end
 
-        if not trainer.strategy.reduce_boolean_decision(self.signalled, all=False):
+        if not self.job or at_epoch_end(trainer):
             return
         path = os.path.join(trainer.default_root_dir, CHECKPOINTS, STEP)
         started = time.perf_counter()

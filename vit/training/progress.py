@@ -15,29 +15,35 @@ from lightning.pytorch.utilities import rank_zero_info
 class ProgressBar(TQDMProgressBar):
     """Lightning's TQDM bar in a terminal; anywhere else (a SLURM output file, a pipe) the bars are off,
     as Lightning turns them off on ranks > 0, and rank zero prints one plain line every
-    ``every_n_steps`` training steps and one per validation instead: a bar's carriage returns flood log
-    files (Lightning #6647).
+    ``log_every_n_steps`` training steps and one per validation instead: a bar's carriage returns flood log
+    files (Lightning #6647). The bar moves every ``log_every_n_steps`` batches, and the training loss it shows
+    is read at the steps where every value is read on the host (vit.training.agreement.check_step: a read waits
+    for the GPU; the steps between run without waiting).
 
     Either way it shows the values every process has already computed and never computes a metric
     itself: at an epoch's end that would be a synced metric's all-gather on rank zero alone, while the
     other ranks issue their next collective (a DDP deadlock; Lightning's own bar does exactly that)."""
 
-    def __init__(self, refresh_rate: int = 1, every_n_steps: int | None = None, terminal: bool | None = None):
+    def __init__(self, terminal: bool | None = None):
         """
         Args:
-            refresh_rate: update the terminal bar every this many steps.
-            every_n_steps: without a terminal, print a line every this many steps (default: the
-                Trainer's log_every_n_steps); the training loss shown is read every this many steps (a
-                read waits for the GPU: the steps between run without waiting).
             terminal: force the bar (True) or the lines (False); default: whether stderr is a terminal.
         """
-        super().__init__(refresh_rate=refresh_rate)
+        super().__init__()
         self.lines = not (sys.stderr.isatty() if terminal is None else terminal)
         if self.lines:
             self.disable()
-        self.every_n_steps = every_n_steps
+        self.every = 1  # the Trainer's log_every_n_steps, once it is known (setup)
         self._started = time.perf_counter()
-        self.step_loss: dict[str, float] = {}  # the training loss, read on the host every every_n_steps steps
+        self.step_loss: dict[str, float] = {}  # the training loss, read on the host at the check steps
+
+    def setup(self, trainer, pl_module, stage):
+        self.every = max(1, trainer.log_every_n_steps)
+        super().setup(trainer, pl_module, stage)
+
+    @property
+    def refresh_rate(self) -> int:
+        return self.every
 
     def get_metrics(self, trainer, pl_module):
         computed = getattr(trainer._logger_connector, "_progress_bar_metrics", {})  # filled on every rank
@@ -54,12 +60,14 @@ class ProgressBar(TQDMProgressBar):
         super().on_train_start(trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        every = self.every_n_steps or trainer.log_every_n_steps
-        if trainer.is_global_zero and (batch_idx + 1) % every == 0 and (self.lines or not self.is_disabled):
+        from vit.training.agreement import check_step
+
+        check = check_step(trainer)
+        if trainer.is_global_zero and check and (self.lines or not self.is_disabled):
             loss = outputs["loss"] if isinstance(outputs, dict) else outputs  # (a read waits for the device:
             self.step_loss = {"train/loss_step": float(loss)}                 # here alone, not every step)
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if self.lines and trainer.is_global_zero and (batch_idx + 1) % every == 0:
+        if self.lines and trainer.is_global_zero and check:
             total = self.total_train_batches
             of = f"/{total}" if isinstance(total, int) else ""
             self._line(trainer, f"epoch {trainer.current_epoch} batch {batch_idx + 1}{of} step {trainer.global_step}:", "train/")

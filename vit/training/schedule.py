@@ -6,7 +6,8 @@ How far: warmup counts steps; then the share of the run done is the steps done o
 training seconds used over the time budget (``--trainer.max_time``), whichever is further, so that a run
 cut off by the clock still ends its decay at ``min_lr`` and passes every resize stage. ``progress`` is a
 pure function of (step, clock); its one piece of history, the training second at which warmup ended, is
-kept in the checkpoint. Under DDP every process reads rank zero's clock (``shared_clock``).
+kept in the checkpoint. Every process reads rank zero's clock, as all agreed on it at the last check step
+(``shared_clock``).
 """
 
 from __future__ import annotations
@@ -126,13 +127,22 @@ def check_stages(stages, image_size: int, patch_size: int) -> None:
 
 def shared_clock(trainer) -> tuple[float, float] | None:
     """(training seconds used, budget) of Lightning's Timer (``--trainer.max_time``; None without one),
-    rank zero's on every process: one broadcast, issued by all of them, so that all step with the same lr
-    and image size."""
+    rank zero's on every process, so that all step with the same lr and image size: as the processes agreed on
+    it at the last check step (vit.training.agreement: every log_every_n_steps steps, no collective between
+    them), and before the first, rank zero's now (one broadcast, issued by all of them)."""
     from lightning.pytorch.callbacks import Timer
 
+    from vit.training.agreement import Agreement
+
     timer = next((cb for cb in trainer.callbacks if isinstance(cb, Timer)), None)
-    if timer is None:
+    if timer is None or timer.time_remaining() is None:
         return None
+    agreement = next((cb for cb in trainer.callbacks if isinstance(cb, Agreement)), None)
+    if agreement is not None and agreement.clock is not None:
+        return agreement.clock
     elapsed = timer.time_elapsed()
     clock = (elapsed, elapsed + timer.time_remaining())
-    return tuple(trainer.strategy.broadcast(clock)) if trainer.world_size > 1 else clock
+    clock = tuple(trainer.strategy.broadcast(clock)) if trainer.world_size > 1 else clock
+    if agreement is not None:
+        agreement.clock = clock
+    return clock

@@ -22,6 +22,13 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 SYNC = "aten::_local_scalar_dense"
+# the profiler's names of the collectives a process issues: the dispatcher's c10d ops (c10d::allreduce_, the
+# gradients' all-reduce included; c10d::broadcast_, ...), whatever the backend (gloo, NCCL)
+COLLECTIVE = "c10d::"
+
+
+def collective(name: str) -> bool:
+    return name.startswith(COLLECTIVE)
 # the profiler's names for a compiled graph's forward and backward (torch.compile's region; AOTAutograd's
 # autograd function, whose backward the autograd engine runs as "autograd::engine::evaluate_function:
 # CompiledFunctionBackward"): an op inside one of them is the graph's own
@@ -50,11 +57,13 @@ def _launches(event) -> bool:
 def count(events, steps: int) -> dict:
     """Per step, over ``steps`` steps: the aten ops outside compiled graphs (top-level ones: an op that another
     aten op calls is part of that op's launch) and those of them that launch a kernel on a GPU (``NO_KERNEL``:
-    the others), the host syncs, and the commonest ops of both kinds."""
-    outside, launching, syncs, compiles = Counter(), Counter(), Counter(), 0
+    the others), the host syncs, the commonest ops of both kinds, and the collectives by name (under DDP)."""
+    outside, launching, syncs, collectives, compiles = Counter(), Counter(), Counter(), Counter(), 0
     for event in events:
         name = event.name
         compiles += name == "OutputGraph.call_user_compiler (dynamo_timed)"  # torch.compile compiling a graph
+        if collective(name):
+            collectives[name] += 1
         if not name.startswith("aten::"):
             continue
         parent, top, compiled = event.cpu_parent, True, False
@@ -75,6 +84,7 @@ def count(events, steps: int) -> dict:
         "top_ops_per_step": {name: n / steps for name, n in outside.most_common(25)},
         "top_launching_ops_per_step": {name: n / steps for name, n in launching.most_common(25) if n},
         "host_syncs_by_caller_per_step": {name: n / steps for name, n in syncs.most_common(10)},
+        "collectives_per_step": {name: n / steps for name, n in collectives.most_common() if n},
         "compiles": compiles,  # not steady steps when above 0: a compile's ops and syncs are counted too
     }
 
