@@ -62,7 +62,7 @@ def test_wheel_carries_recipes_and_commands(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = " ".join(proc.stdout.split())
-    assert "a recipe (cpu, finetune_cifar10, smoke, vit_cifar10, vit_cifar10_fast, vit_tiny_cifar10)" in text
+    assert "a recipe (cpu, finetune_cifar10, smoke, vit_cifar10, vit_cifar10_fast, vit_cifar10_lee, vit_tiny_cifar10)" in text
     assert "site/vit/configs/smoke.yaml" in text.replace(" ", "")  # found in the installed package
     assert list(elsewhere.iterdir()) == []
 

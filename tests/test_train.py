@@ -185,7 +185,7 @@ def test_test_without_a_checkpoint_is_one_clear_message(tmp_path, fake_cifar_ses
      "cost, and measured with sin-cos E_pos and linear decay it lost 1.2 points (docs/results.md); vit-classify "
      "--tta-flip still does it (the model's options are grouped: optimizer, schedule, augmentation; see --help)"),
     (["--config", "nosuch"], "error: --config nosuch: neither a file nor a recipe name (cpu, finetune_cifar10, smoke, "
-                             "vit_cifar10, vit_cifar10_fast, vit_tiny_cifar10)"),
+                             "vit_cifar10, vit_cifar10_fast, vit_cifar10_lee, vit_tiny_cifar10)"),
 ])
 def test_bad_config_value_is_one_clear_message(tmp_path, fake_cifar_session, args, message, capsys, monkeypatch):
     """vit-train's main() in this process (the subprocess start-up, 12 times, is what these would cost)."""
@@ -358,7 +358,7 @@ def test_help_shows_the_named_recipes_defaults():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0
     assert re.search(r"--model.arch.dim DIM\s+width D of every token. \(type: int, default: 64\)", proc.stdout)
-    assert "finetune_cifar10, smoke, vit_cifar10, vit_cifar10_fast, vit_tiny_cifar10" in " ".join(proc.stdout.split())
+    assert "finetune_cifar10, smoke, vit_cifar10, vit_cifar10_fast, vit_cifar10_lee, vit_tiny_cifar10" in " ".join(proc.stdout.split())
 
 
 @pytest.mark.long
