@@ -152,12 +152,13 @@ test-long: $(VENV)/.installed-dev
 	$(PYTEST) --ignore=tests/cluster -m long $(ARGS)
 
 # pyproject's lower bounds: a venv of its own (LOWEST, default .venv-lowest) with every direct dependency at
-# its lowest allowed version (torch and torchvision: the tested pair below), then the tests of README's
-# commands and of vit-sync in it, with the long ones marked `lowest`. CI runs it after make test-long.
+# its lowest allowed version (torch and torchvision: LOWEST_TORCH, the GPU machines' 2.11.0, pyproject's bound),
+# then the tests of README's commands, of vit-sync and of torch.compile in it, with the long ones marked
+# `lowest`. CI runs it after make test-long.
 LOWEST       ?= .venv-lowest
-LOWEST_TORCH ?= torch==2.14.1 torchvision==0.29.1
+LOWEST_TORCH ?= torch==2.11.0 torchvision==0.26.0
 LOWEST_TESTS ?= tests/test_train.py tests/test_classify.py tests/test_rollout.py tests/test_hub.py \
-  tests/test_demo.py tests/test_folders.py tests/test_sync.py
+  tests/test_demo.py tests/test_folders.py tests/test_sync.py tests/test_compile.py tests/test_device_augment.py
 test-lowest: $(VENV)/.installed-dev
 	test -x $(LOWEST)/bin/python || $(PYTHON) -m venv $(LOWEST)
 	$(BIN)/python scripts/lowest_versions.py $(LOWEST_TORCH) > $(LOWEST)/lowest.txt

@@ -1,6 +1,6 @@
 """Print pyproject.toml's direct dependencies (the package's and every extra's) pinned at their lower bounds,
 one requirement a line, for `make test-lowest`: `python scripts/lowest_versions.py [NAME==VERSION ...]`.
-A NAME==VERSION argument replaces that package's pin (a cluster's torch: the lowest torch is not tested)."""
+A NAME==VERSION argument replaces that package's pin (make test-lowest's torch and torchvision: LOWEST_TORCH)."""
 
 import sys
 import tomllib

@@ -30,6 +30,7 @@ TINY = ["--model.arch.dim", "16", "--model.arch.depth", "2", "--model.arch.heads
 
 
 @pytest.mark.long
+@pytest.mark.lowest  # (torch 2.11's Inductor: pyproject.toml)
 @needs_compile
 def test_compiled_and_eager_logits_agree():
     torch.manual_seed(0)
@@ -46,6 +47,7 @@ def test_compiled_and_eager_logits_agree():
 
 @needs_compile
 @pytest.mark.long
+@pytest.mark.lowest  # (torch 2.11's Inductor: pyproject.toml)
 def test_fast_recipe_compiles_once_per_image_size_and_equals_eager(tmp_path, fake_cifar_session, monkeypatch):
     """8 steps of vit_cifar10_fast in fp32: 2 at 16 px, 2 at 24 px, 4 at 32 px, then validation. The
     compiled run (inductor's random ops as eager's, so that token dropping, stochastic depth and
@@ -97,6 +99,7 @@ def test_fast_recipe_compiles_once_per_image_size_and_equals_eager(tmp_path, fak
 
 @needs_compile
 @pytest.mark.long
+@pytest.mark.lowest  # (torch 2.11's Inductor: pyproject.toml)
 def test_fast_recipe_as_a_user_runs_it_bf16_compiled_with_muon(tmp_path, fake_cifar_session):
     """`train.py --config vit_cifar10_fast` with the recipe's own settings — bf16-mixed, torch.compile, Muon,
     the device data path, 16/24/32-px stages, time to accuracy — at a small width on CPU."""

@@ -323,6 +323,7 @@ def test_apply_traces_as_one_graph():
 
 
 @pytest.mark.long
+@pytest.mark.lowest  # (torch 2.11's Inductor: pyproject.toml)
 def test_inductor_compiles_every_op_exactly():
     """Inductor's code (CPU here) gives the same bytes as eager for every op of the policy."""
     aa = AutoAugment()

@@ -306,14 +306,16 @@ def _one_op_each(x: torch.Tensor, tables: _Tables, row: torch.Tensor) -> torch.T
     plain = torch.where(posterized >= threshold.float(), ~posterized, posterized)
     mean = torch.where(kind == _CONTRAST, gray.mean((1, 2, 3)).view(b, 1, 1), 0.0)
     lut = torch.addcmul((plain * ratio).float(), mean, alpha).float().clamp_(0, 255).to(torch.uint8)
-    # AutoContrast: float32((v − low) / float32((high − low)·float32(1/255))), each product and quotient
-    # exact or correctly rounded in float64 and rounded once to float32 (so equal to float32 arithmetic
-    # whatever a compiler makes of it); a constant channel is kept. (The minimum of the float32 copy:
-    # Inductor's CPU code takes uint8 minima as 0, pytorch/pytorch#191499.)
-    low, high = xf.amin((-2, -1)).unsqueeze(-1).double(), xf.amax((-2, -1)).unsqueeze(-1).double()  # B×C×1
+    # AutoContrast: float32((v − low) / float32((high − low)·float32(1/255))): the product in float32 (of
+    # an integer and a float32: correctly rounded anywhere), the quotient correctly rounded in float64 and
+    # rounded once to float32 (a GPU's float32 division is not correctly rounded), so equal to float32
+    # arithmetic whatever a compiler makes of it (no float32 rounding of a float64 value, which Inductor
+    # of torch 2.11 leaves out); a constant channel is kept. (The minimum of the float32 copy: Inductor's
+    # CPU code takes uint8 minima as 0, pytorch/pytorch#191499.)
+    low, high = xf.amin((-2, -1)).unsqueeze(-1), xf.amax((-2, -1)).unsqueeze(-1)  # B×C×1
     flat = high == low
-    scale = ((high - low) * _ONE_255TH).float().double()
-    stretched = ((values - torch.where(flat, 0.0, low)) / torch.where(flat, 1.0, scale)).float()
+    scale = torch.where(flat, 1.0, (high - low) * _ONE_255TH).double()
+    stretched = ((values - torch.where(flat, 0.0, low)).double() / scale).float()
     index = x.reshape(b, c, h * w).long()
     lut = torch.where(kind == _AUTOCONTRAST, stretched.clamp_(0, 255).to(torch.uint8),
                       torch.where(kind == _EQUALIZE, _equalize_lut(index), lut))
