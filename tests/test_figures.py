@@ -412,6 +412,7 @@ STARTUP_MARGIN = 30  # s: Python's start-up and the plan's parse before its cloc
 
 
 @pytest.mark.long
+@pytest.mark.lowest  # (make test-lowest: with torch 2.11, the GPU machines' torch, too)
 def test_the_gpu_plan_rehearsed_on_a_cpu_writes_every_rows_record_inside_its_scaled_budget(tmp_path):
     """`make figures --plan gpu --scale S` on a CPU, offline, with CIFAR-10 (generated, in the official format)
     where `make data` puts it: the gpu plan's own rows, each in S times its budget, write their records (or are
