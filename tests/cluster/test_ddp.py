@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from launch import DATA_ARGS, ROOT, in_terminal, max_abs_diff, run_together, user_env
-from helpers import TEST_LINE, best_val_acc, load
+from helpers import EVERY_STEP, TEST_LINE, best_val_acc, load
 
 TRAIN = [str(ROOT / "scripts" / "train.py"), "--config", "smoke", *DATA_ARGS]
 
@@ -273,7 +273,7 @@ def test_torchrun_restarts_a_killed_worker_and_the_group_ends_exact(tmp_path, fa
                                       "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
                                       "--rdzv-id", name, *TRAIN, "--data.root", str(fake_cifar_session),
                                       "--data.batch_size", "50", "--trainer.max_epochs", "2", "--trainer.accelerator",
-                                      "cpu", "--ckpt_path", "last", "--step_checkpoint_minutes", "0.0001", *extra]],
+                                      "cpu", "--ckpt_path", "last", *EVERY_STEP, *extra]],
                                     tmp_path, user_env(), timeout=400)
         return code, out
 
@@ -331,7 +331,7 @@ def test_more_processes_train_the_same_run(tmp_path, fake_cifar_session):
     runs = tmp_path / "runs" / "smoke"
     # a requeue onto another allocation: one process killed at step 5 of 14 (its step checkpoint: step 4),
     # resumed on DDP × 2 from the same global position
-    (code,), out = run_together([[sys.executable, *common, "--run", "moved", "--step_checkpoint_minutes", "0.0001",
+    (code,), out = run_together([[sys.executable, *common, "--run", "moved", *EVERY_STEP,
                                   "--trainer.callbacks+=callbacks.CrashAtStep", "--trainer.callbacks.step", "5"]],
                                 tmp_path, user_env(), timeout=300)
     assert code == -9, out[-3000:]
