@@ -153,7 +153,8 @@ def test_the_step_takes_the_norm_clips_and_is_timms_at_a_changing_lr(compiled):
     as clip_grad_norm_ clips them, then the update is timm's, at an lr that changes every step as timm's
     scheduler changes it (a float in each group). Compiled: four graphs (the norm and clipping, Muon's update,
     AdamW's of each of two groups), compiled at the first step and never again (the lr reaches them as a value,
-    not as a constant they are compiled for), with no graph break, equal to timm's within float rounding."""
+    not as a constant they are compiled for), with no graph break and no read on the host, equal to timm's within
+    float rounding."""
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -174,3 +175,6 @@ def test_the_step_takes_the_norm_clips_and_is_timms_at_a_changing_lr(compiled):
         assert graphs == (4 if compiled else 0)
     assert_same_weights(a, b)
     assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+    with profile(activities=[ProfilerActivity.CPU]) as prof:  # nothing read on the host, the lr included
+        step(batched)
+    assert not [e for e in prof.events() if e.name == "aten::_local_scalar_dense"]

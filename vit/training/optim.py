@@ -20,8 +20,9 @@ vit.training.guards.StopOnNonFinite) and clips them to ``max_norm`` when it is s
 ``compiled=True`` runs all of it in torch.compile graphs (fullgraph, static shapes): the norm and clipping
 one, each group's update one (Muon's, and AdamW's of each group), compiled once for the run; on a GPU, a few
 fused kernels launched by each graph instead of about a hundred ops each launched by the host. The learning
-rates reach the graphs as 0-d CPU tensors filled in place each step (timm's schedulers write a float into
-each group), so a new lr is a new value, not a new graph.
+rates reach the graphs as tensors on the parameters' device, filled in place each step (timm's schedulers write
+a float into each group), so a new lr is a new value, not a new graph; each holds one element, not none (a 0-d
+tensor on the CPU would be read on the host at every call).
 
 On a GPU an op is one kernel launch or a few: for the default model (36 matrices in 3 batches, 80 other
 tensors) the eager step orthogonalises with 45 batched products where timm's runs 540, its AdamW takes a few
@@ -104,12 +105,13 @@ class Muon(timm_muon.Muon):
         return loss
 
     def lrs(self) -> list:
-        """Each group's lr: the float itself (eager), or a 0-d CPU tensor holding it (compiled: a value the graph
-        reads, not a constant it is compiled for)."""
+        """Each group's lr: the float itself (eager), or a 1-element tensor on its parameters' device holding it
+        (compiled: a value the graph reads, not a constant it is compiled for)."""
         if not self.compiled:
             return [group["lr"] for group in self.param_groups]
-        while len(self._lrs) < len(self.param_groups):
-            self._lrs.append(torch.zeros((), dtype=torch.float64))
+        for group in self.param_groups[len(self._lrs) :]:
+            device = group["params"][0].device if group["params"] else None
+            self._lrs.append(torch.zeros(1, dtype=torch.float64, device=device))
         for lr, group in zip(self._lrs, self.param_groups):
             lr.fill_(group["lr"])
         return self._lrs[: len(self.param_groups)]
@@ -155,6 +157,7 @@ def clip(grads: list[torch.Tensor], max_norm: float | None) -> torch.Tensor:
 
 def muon_update(params: list, buffers: list, lr, options: dict, ns_dtype: torch.dtype) -> None:
     """timm's _single_tensor_muon: decay, momentum (Nesterov's if asked), Newton–Schulz, scaled update."""
+    lr = lr.reshape(()) if torch.is_tensor(lr) else lr  # (Muon.lrs)
     momentum = options["momentum"]
     grads = [p.grad for p in params]
     if options["weight_decay"]:
@@ -185,7 +188,7 @@ def adamw_update(params: list, steps: list, exp_avgs: list, exp_avg_sqs: list, l
     """timm's _single_tensor_adamw, or _single_tensor_nadamw when the group is Nesterov's, as timm's Muon
     calls them: lr × fallback_lr_scale, the group's eps; the bias corrections from the step counts as tensors."""
     beta1, beta2 = options["betas"]
-    lr = lr * options["fallback_lr_scale"]
+    lr = (lr.reshape(()) if torch.is_tensor(lr) else lr) * options["fallback_lr_scale"]  # (Muon.lrs)
     grads = [p.grad for p in params]
     torch._foreach_add_(steps, 1)
     counts = torch.stack(steps)
