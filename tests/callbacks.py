@@ -28,6 +28,17 @@ class PoisonAtEpoch(L.Callback):
                 pl_module.model.head.weight.fill_(float("inf"))
 
 
+class PoisonGradientAtStep(L.Callback):
+    """Make a gradient non-finite before optimizer step ``step`` (its loss finite), as an overflow would."""
+
+    def __init__(self, step: int = 2):
+        self.step = step
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if trainer.global_step == self.step:
+            next(p for p in pl_module.parameters() if p.grad is not None).grad.view(-1)[0] = float("nan")
+
+
 class HoldAtStep(L.Callback):
     """At the end of optimizer step ``step``, each process writes ``<run>/held.<rank>`` and waits there
     (``seconds`` at most) until it got SIGUSR1 (``until="signal"``: vit's StopOnSignal noted it) or until

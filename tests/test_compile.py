@@ -109,7 +109,7 @@ def test_fast_recipe_as_a_user_runs_it_bf16_compiled_with_muon(tmp_path, fake_ci
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--config", "vit_cifar10_fast", *TINY,
                            "--data.root", str(fake_cifar_session), "--data.val_size", "100", "--data.num_workers", "0",
                            "--data.batch_size", "50", "--trainer.max_epochs", "1"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stderr + proc.stdout
     switches = [int(s) for s in re.findall(r"step (\d+): training on (?:24|32)-px images", out)]

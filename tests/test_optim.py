@@ -142,3 +142,39 @@ def test_the_step_is_a_few_ops_with_no_read_of_a_scalar():
     products = sum(counts[f"aten::{name}"] for name in ("addmm", "baddbmm", "bmm", "mm"))
     assert products <= len(shapes) * 3 * batched.param_groups[0]["ns_steps"] + 2
     assert top <= timm_top / 3, (top, timm_top)
+
+
+TINY = dict(image_size=16, patch_size=4, dim=16, depth=1, heads=2, mlp_ratio=2.0)
+
+
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.long)], ids=["eager", "compiled"])
+def test_the_step_takes_the_norm_clips_and_is_timms_at_a_changing_lr(compiled):
+    """The step with clipping (max_norm) as the recipe runs it: the gradients' norm is torch's, they are clipped
+    as clip_grad_norm_ clips them, then the update is timm's, at an lr that changes every step as timm's
+    scheduler changes it (a float in each group). Compiled: four graphs (the norm and clipping, Muon's update,
+    AdamW's of each of two groups), compiled at the first step and never again (the lr reaches them as a value,
+    not as a constant they are compiled for), with no graph break and no read on the host, equal to timm's within
+    float rounding."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    a, b = twins(TINY if compiled else SMALL)
+    reference, batched = timms(a), ours(b, compiled=compiled, max_norm=1.0)
+    for n in range(4):
+        for optimizer in (reference, batched):
+            for group in optimizer.param_groups:
+                group["lr"] = (LR if group.get("use_fallback") else MUON_LR) * (n + 1) / 4
+        set_gradients(a, b, seed=n)
+        expected = torch.nn.utils.clip_grad_norm_(list(a.parameters()), 1.0)
+        step(reference)
+        step(batched)
+        torch.testing.assert_close(batched.grad_norm, expected)
+        assert expected > 2  # (the gradients were clipped: a step that did not clip would not be timm's)
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        assert graphs == (4 if compiled else 0)
+    assert_same_weights(a, b)
+    assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+    with profile(activities=[ProfilerActivity.CPU]) as prof:  # nothing read on the host, the lr included
+        step(batched)
+    assert not [e for e in prof.events() if e.name == "aten::_local_scalar_dense"]

@@ -71,19 +71,24 @@ def test_the_count_sees_a_host_sync():
 
 @pytest.mark.long
 def test_the_fast_recipes_compiled_step_issues_few_ops_outside_its_graphs(tmp_path, data):
-    """The fast recipe as it is (default model, compiled, bf16-mixed), batch 64: at most 300 ops a step outside
-    the compiled graphs that launch a kernel, and no host sync. The recipe's record (results/step-profile/,
-    docs/speed.md: 189 of them on an AMD EPYC, 2 threads) is below the limit with a margin; the count does not
-    depend on the CPU (it counts ops, not time)."""
+    """The fast recipe as it is (default model, compiled, bf16-mixed), batch 64: Muon's step (with the gradient
+    norm and clipping) runs inside its compiled graphs, with no recompile over steps whose lr changes; at most
+    120 ops a step outside the compiled graphs that launch a kernel, and no host sync. The recipe's record
+    (results/step-profile/, docs/speed.md: 189 of them before the step was compiled, on an AMD EPYC, 2
+    threads; about 90 after) is below the limit with a margin; the count does not depend on the CPU (it counts
+    ops, not time)."""
     counts = profile(tmp_path, data, tmp_path / "profile.json")
     assert counts["compiled"] is True and counts["precision"] == "bf16-mixed" and counts["compiles"] == 0
     assert counts["host_syncs_per_step"] == 0, counts["host_syncs_by_caller_per_step"]
-    assert counts["launching_ops_outside_compiled_per_step"] <= 300, counts["top_launching_ops_per_step"]
+    launching = counts["top_launching_ops_per_step"]
+    assert not [name for name in launching if "_foreach" in name or name == "aten::baddbmm"], launching
+    assert counts["launching_ops_outside_compiled_per_step"] <= 120, launching
 
 
 def test_clipping_takes_torchs_norm_in_few_ops():
-    """The recipe's clipping (ViTClassifier.configure_gradient_clipping, by norm, without a gradient scaler)
-    leaves the gradients torch's clip_grad_norm_ leaves, and the divergence guard's norm is torch's."""
+    """The recipe's clipping with an optimizer other than Muon (ViTClassifier.configure_gradient_clipping, by norm,
+    without a gradient scaler) leaves the gradients torch's clip_grad_norm_ leaves, and keeps torch's norm for
+    the divergence guard (grad_norm)."""
     from types import SimpleNamespace
 
     from vit.training.module import ViTClassifier
@@ -102,20 +107,52 @@ def test_clipping_takes_torchs_norm_in_few_ops():
     params = [torch.nn.Parameter(torch.zeros_like(g)) for g in reference]
     for p, g in zip(params, reference):
         p.grad = g.clone()
-    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
+    torch.testing.assert_close(module.grad_norm, norm)
     for ours, theirs in zip(module.parameters(), params):
         torch.testing.assert_close(ours.grad, theirs.grad)
     assert torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])) < 1.0001  # clipped: it could fail
 
 
-def test_cuda_graphs_are_refused_off_a_gpu_in_one_line(tmp_path, fake_cifar, capsys):
-    """--model.compile reduce-overhead captures CUDA graphs: refused here (a CPU) before training, one line."""
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_one_gradient_norm_a_step_for_clipping_and_the_guard(tmp_path, fake_cifar, optimizer):
+    """With clipping on (the recipes' gradient_clip_val 1.0) and the divergence guard (StopOnNonFinite, always
+    on), a step takes the gradients' total norm once: 5 steps, 5 norms (vit.training.optim.total_norm, which
+    Muon's step and the module's clipping both call)."""
+    from unittest import mock
+
+    from helpers import train_here
+    from vit.training import optim
+
+    with mock.patch.object(optim, "total_norm", wraps=optim.total_norm) as norms:
+        assert train_here(tmp_path, fake_cifar, "--model.optimizer.name", optimizer, "--trainer.gradient_clip_val",
+                          "1.0", "--trainer.max_steps", "5", "--trainer.limit_val_batches", "0",
+                          "--test_after_fit", "false") == 0
+    assert norms.call_count == 5
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_the_guard_sees_a_non_finite_gradient_through_that_norm(tmp_path, fake_cifar, capsys, optimizer):
+    """A gradient made NaN before step 2 (the loss finite): the divergence guard, reading the norm that clipping
+    took, stops the run at that step."""
+    from helpers import errors_of, train_here
+
+    assert train_here(tmp_path, fake_cifar, "--model.optimizer.name", optimizer, "--trainer.max_steps", "5",
+                      "--trainer.logger", "false", "--trainer.callbacks+=callbacks.PoisonGradientAtStep",
+                      "--trainer.callbacks.step", "2") == 3
+    (line,) = errors_of(capsys)
+    assert line.startswith("error: training diverged at step 2 "), line
+
+
+def test_cuda_graphs_are_no_option(tmp_path, fake_cifar, capsys):
+    """--model.compile is true or false: "reduce-overhead" (CUDA graphs) is refused by the parser in one line,
+    before training."""
     from helpers import errors_of, train_here
 
     assert train_here(tmp_path, fake_cifar, "--model.compile", "reduce-overhead") == 2
     (line,) = errors_of(capsys)
-    assert "reduce-overhead" in line and "GPU" in line and "--model.compile true" in line
-    assert not list(tmp_path.glob("runs/smoke/version_0/checkpoints/*.ckpt"))  # nothing trained
+    assert "model.compile" in line and "reduce-overhead" in line
+    assert not list(tmp_path.glob("runs/**/*.ckpt"))  # nothing trained
 
 
 def test_values_are_read_on_the_host_every_log_every_n_steps_steps_alone(tmp_path, data):

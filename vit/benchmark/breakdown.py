@@ -1,6 +1,5 @@
-"""Where a training step of the default recipe's model goes, eager, compiled and in CUDA graphs: its time split
-into the batch, the model and the optimizer, counted with torch.profiler, and its kernel launches and host
-syncs."""
+"""Where a training step of the default recipe's model goes, eager and compiled: its time split into the batch,
+the model and the optimizer, counted with torch.profiler, and its kernel launches and host syncs."""
 
 from __future__ import annotations
 
@@ -17,9 +16,9 @@ from vit.benchmark.report import format_table
 from vit.benchmark.step import PARTS, timed, training_step
 from vit.models.model import flops_per_image
 
-# torch.compile's options per mode (None: eager); "reduce-overhead" runs the compiled model in CUDA graphs
-MODES = {"eager": None, "compiled": {"dynamic": False}, "graphed": {"mode": "reduce-overhead", "dynamic": False}}
-WARMUP = 5  # steps before the measured ones: torch.compile compiles, CUDA graphs are recorded
+# torch.compile's options per mode (None: eager): compiled, the model and Muon's step, as training compiles them
+MODES = {"eager": None, "compiled": {"dynamic": False}}
+WARMUP = 5  # steps before the measured ones: torch.compile compiles
 QUICK_STEPS = 2
 COLUMNS = ["mode", "batch_size", "dtype", "step_ms", "profiled_ms", "data_ms", "model_ms", "optimizer_ms", "rest_ms",
            "img_s", "achieved_tflops", "peak_fraction", "launches_per_step", "host_syncs_per_step"]
@@ -57,8 +56,7 @@ def bench_breakdown(config, batch_size: int, device: torch.device, dtype: torch.
     (Newton–Schulz in ``vit.training.optim.ns_dtype(device)``), timed, then the same number again under torch.profiler
     (CUDA's activities too where it is the device): ms per step of the timed steps (``step_ms``, and images/s
     and TFLOP/s from it) and of the profiled ones (``profiled_ms``), split into data, model, optimizer
-    (``part_ms``) and the rest of it; kernel launches per step (on CUDA the kernels the GPU ran, a CUDA graph's
-    each counted; elsewhere the aten ops outside compiled graphs that would launch one,
+    (``part_ms``) and the rest of it; kernel launches per step (on CUDA the kernels the GPU ran; elsewhere the aten ops outside compiled graphs that would launch one,
     ``vit.training.step_profile.count``) and host syncs per step."""
     from vit.training.optim import ns_dtype
     from vit.training.step_profile import count
@@ -90,8 +88,7 @@ def bench_breakdown(config, batch_size: int, device: torch.device, dtype: torch.
 def section(report: dict, args, device: torch.device, dtype: torch.dtype) -> None:
     """The default recipe's model (under --quick a small one of its shape, at batch 8) at each of
     --breakdown-batch-sizes in each of --breakdown-modes, beside the machine's matmul peak (measured first,
-    when the report has none). CUDA graphs need CUDA: elsewhere the graphed mode is a row that says it is
-    skipped."""
+    when the report has none)."""
     from vit import configs
 
     modes = args.breakdown_modes.split(",")
@@ -104,12 +101,8 @@ def section(report: dict, args, device: torch.device, dtype: torch.dtype) -> Non
     if args.quick:
         config = replace(config, dim=32, depth=2, heads=2)
     peak.section(report, args, device, dtype)
-    rows, notes = [], []
+    rows = []
     for mode in modes:
-        if mode == "graphed" and device.type != "cuda":
-            rows.append({"mode": mode, "skipped": f"CUDA graphs need a CUDA device, this one is {device.type}"})
-            notes.append(f"# graphed: skipped, {rows[-1]['skipped']}")
-            continue
         for size in sizes:
             torch.compiler.reset()  # each model compiles afresh, within torch.compile's recompile limit
             rows.append(bench_breakdown(config, size, device, dtype, steps, mode))
@@ -119,6 +112,4 @@ def section(report: dict, args, device: torch.device, dtype: torch.dtype) -> Non
           f"H={config.heads}), Muon; ms per step, data + model + optimizer + rest = profiled_ms (the steps under "
           f"torch.profiler; {'GPU kernel time' if device.type == 'cuda' else 'CPU time'} per part); peak_fraction: "
           f"of the {report['peak']['size']}² {report['peak']['dtype']} matmul's {report['peak']['tflops']:.3g} TFLOP/s")
-    print(format_table([row for row in rows if "skipped" not in row], COLUMNS))
-    for note in notes:
-        print(note)
+    print(format_table(rows, COLUMNS))

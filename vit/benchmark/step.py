@@ -23,8 +23,8 @@ def training_step(config: ViTConfig, batch_size: int, device: torch.device, dtyp
     (DeviceBatches' crop and flip of uint8 images on the device, ``batches`` of them in all) → normalise →
     forward → loss → backward → AdamW (or, with ``muon_ns``, the recipe's Muon over the module's
     ``param_groups``, its Newton–Schulz iteration in that dtype), under autocast to ``dtype``.
-    ``compile_options``: the model is torch.compile'd with them (None: eager; mode "reduce-overhead" runs it
-    in CUDA graphs, each step marked as one). ``parts``: the batch, normalise to backward, and the optimizer's
+    ``compile_options``: the model is torch.compile'd with them, and Muon's step as training compiles it
+    (None: eager). ``parts``: the batch, normalise to backward, and the optimizer's
     step with zero_grad run in ``torch.profiler.record_function`` ranges named as PARTS. ``auto_augment``:
     DeviceBatches' AutoAugment after crop and flip (compiled with the model)."""
     from vit.data.device_data import DeviceBatches
@@ -37,12 +37,12 @@ def training_step(config: ViTConfig, batch_size: int, device: torch.device, dtyp
     model = module.model.to(device).train()
     if compile_options is not None:
         model.compile(**compile_options)
-    graphs = (compile_options or {}).get("mode") == "reduce-overhead"
     fused = {"fused": True} if device.type == "cuda" else {}
     if muon_ns:
         from vit.training.optim import Muon
 
-        opt = Muon(module.param_groups(1e-4, 1e-4), lr=1e-4, weight_decay=0.05, ns_dtype=muon_ns)
+        opt = Muon(module.param_groups(1e-4, 1e-4), lr=1e-4, weight_decay=0.05, ns_dtype=muon_ns,
+                   compiled=compile_options is not None)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **fused)
     n = batch_size * batches
@@ -54,8 +54,6 @@ def training_step(config: ViTConfig, batch_size: int, device: torch.device, dtyp
     part = torch.profiler.record_function if parts else lambda name: contextlib.nullcontext()
 
     def step():
-        if graphs:
-            torch.compiler.cudagraph_mark_step_begin()
         with part("data"):
             x, y = next(data)
         with part("model"):

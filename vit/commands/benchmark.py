@@ -33,8 +33,8 @@ parser.add_argument("--sections", default="model,data,step,checkpoint,classify,s
                          "autocast, compiled, and Muon's Newton–Schulz in float32 and bfloat16; not a default), "
                          "folders (an image-folder run's start on 2 processes, first and requeued, to its first "
                          "optimizer step; not a default), breakdown (where a training step of the default recipe's "
-                         "model goes: data, model, optimizer and the rest, launches and host syncs, eager, compiled "
-                         "and in CUDA graphs; not a default)")
+                         "model goes: data, model, optimizer and the rest, launches and host syncs, eager and "
+                         "compiled; not a default)")
 parser.add_argument("--workers", type=int, default=2, help="DataLoader workers for the data-path and classify comparisons")
 parser.add_argument("--classify-images", type=int, default=2000, help="generated images for the classify section")
 parser.add_argument("--data-images", type=int, default=20000)
@@ -43,9 +43,9 @@ parser.add_argument("--data-batch-size", type=int, default=256)
 parser.add_argument("--step-batch-size", type=int, default=64)
 parser.add_argument("--breakdown-batch-sizes", type=batch_sizes, default="512,1024",
                     help="comma-separated batch sizes of the breakdown section")
-parser.add_argument("--breakdown-modes", default="eager,compiled,graphed",
-                    help="comma-separated, of the breakdown section: eager, compiled (torch.compile, dynamic=False), "
-                         "graphed (torch.compile mode reduce-overhead: CUDA graphs; skipped without CUDA)")
+parser.add_argument("--breakdown-modes", default="eager,compiled",
+                    help="comma-separated, of the breakdown section: eager, compiled (torch.compile, dynamic=False: "
+                         "the model and Muon's step)")
 parser.add_argument("--breakdown-steps", type=int, default=20,
                     help="steady steps the breakdown section times, and as many again that it profiles")
 parser.add_argument("--compile", action="store_true", help="torch.compile the models (ours and timm's) and the whole step")

@@ -190,7 +190,8 @@ FAILED, READ = "failed", "read"  # the first failure (status, rank, line); how m
 
 
 class StopOnNonFinite(L.Callback):
-    """Stop training with ``TrainingDiverged`` when the loss or the gradient norm becomes non-finite.
+    """Stop training with ``TrainingDiverged`` when the loss or the gradient norm becomes non-finite (the
+    module's ``grad_norm``: the norm its clipping takes, not a second one; vit.training.module).
 
     Every step is watched on the device (the first bad step and the last finite loss are kept there,
     with no host sync); the host looks every ``log_every_n_steps`` steps (vit.training.agreement), before each
@@ -211,20 +212,15 @@ class StopOnNonFinite(L.Callback):
         device = pl_module.device
         self.bad_step = torch.full((), -1, dtype=torch.long, device=device)
         self.last_finite = torch.full((), self.restored_loss, device=device)
-        self.grads_finite = torch.ones((), dtype=torch.bool, device=device)
-
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        if str(trainer.precision).startswith("16"):  # fp16's grad scaler skips inf steps by design
-            return
-        from vit.training.optim import total_norm
-
-        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
-        if grads:
-            self.grads_finite = torch.isfinite(total_norm(grads))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         loss = (outputs["loss"] if isinstance(outputs, dict) else outputs).detach().float()
-        finite = torch.isfinite(loss) & self.grads_finite
+        finite = torch.isfinite(loss)
+        # the module's gradient norm of its last optimizer step (taken once, for clipping and for this); not
+        # under fp16, whose grad scaler skips inf steps by design
+        norm = getattr(pl_module, "grad_norm", None)
+        if norm is not None and not str(trainer.precision).startswith("16"):
+            finite = finite & torch.isfinite(norm)
         first = (self.bad_step < 0) & ~finite
         self.bad_step = torch.where(first, trainer.global_step - 1, self.bad_step)
         self.last_finite = torch.where((self.bad_step < 0) & finite, loss, self.last_finite)

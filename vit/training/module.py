@@ -149,7 +149,7 @@ class ViTClassifier(L.LightningModule):
         mean: tuple[float, ...] | None = None,
         std: tuple[float, ...] | None = None,
         pretrained: str | None = None,
-        compile: bool | Literal["reduce-overhead"] = False,
+        compile: bool = False,
     ):
         """
         Args:
@@ -166,9 +166,8 @@ class ViTClassifier(L.LightningModule):
             std: per-channel std of the normalisation; default as for mean.
             pretrained: start from timm ViT weights: a timm model name, hf-hub:USER/REPO, local-dir:DIR, or a
                 .pth/.safetensors file (loaded when fit starts, never when a checkpoint is loaded).
-            compile: torch.compile the model when fit starts (one static graph per image size); "reduce-overhead":
-                torch.compile's CUDA graphs besides, one per image size, which launch a step's forward and
-                backward kernels as one graph each (a GPU only: refused elsewhere before training starts).
+            compile: torch.compile the model when fit starts (one static graph per image size), and Muon's step
+                with its gradient norm and clipping (one graph: vit.training.optim).
         """
         super().__init__()
         arch, optimizer = _group("arch", arch), _group("optimizer", optimizer)
@@ -200,6 +199,9 @@ class ViTClassifier(L.LightningModule):
         self.schedule = Schedule(warmup=0, decay=None, image_size=arch.image_size,
                                  stages=schedule.resize_stages)
         self._said_size = arch.image_size  # the training image size last announced (one line per switch)
+        # the last optimizer step's total gradient norm, before clipping, on the device: taken once a step, for
+        # clipping and for the divergence guard (vit.training.guards.StopOnNonFinite); None before the first
+        self.grad_norm: torch.Tensor | None = None
 
         aug = augmentation
         self.mixup_fn = None
@@ -252,8 +254,6 @@ class ViTClassifier(L.LightningModule):
         return self.schedule.train_image_size()
 
     def training_step(self, batch, batch_idx):
-        if self.hparams.compile == "reduce-overhead":  # a new step: the graphs' outputs of the last are free
-            torch.compiler.cudagraph_mark_step_begin()
         images, labels = batch
         x = self.normalize(images)
         size = self.train_image_size
@@ -283,19 +283,24 @@ class ViTClassifier(L.LightningModule):
         self.log_dict({"train/loss": self.train_loss, "train/acc": self.train_acc})
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
-        """Clipping by norm as torch's clip_grad_norm_ does, with the total norm in a few ops (vit.training.optim.total_norm)
-        instead of one per parameter; by value, or under a gradient scaler (16-mixed: its gradients may still be
-        scaled, and Lightning knows when), Lightning's."""
-        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
-        if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and scaler is None:
-            params = [p for p in self.trainer.precision_plugin.main_params(optimizer) if p.grad is not None]
-            if params:
-                from vit.training.optim import total_norm
+        """The step's total gradient norm, taken once (``grad_norm``), and clipping by norm with it as torch's
+        clip_grad_norm_ clips. Muon's step takes both (compiled with it when the model is: vit.training.optim);
+        another optimizer's gradients are clipped here, in a few ops (vit.training.optim.clip). Lightning calls this
+        after a gradient scaler (16-mixed) has unscaled them; an optimizer that unscales them itself, and
+        clipping by value, are left to Lightning."""
+        from vit.training.optim import Muon, clip
 
-                norm = total_norm([p.grad for p in params])
-                torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, norm)
-            return
-        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        by_norm = gradient_clip_algorithm in (None, "norm")
+        scaled = getattr(optimizer, "_step_supports_amp_scaling", False) and \
+            getattr(self.trainer.precision_plugin, "scaler", None) is not None
+        if isinstance(optimizer, Muon):
+            optimizer.max_norm = gradient_clip_val if by_norm else None  # (its step clips, and keeps the norm)
+        elif not scaled:
+            params = [p for p in self.trainer.precision_plugin.main_params(optimizer) if p.grad is not None]
+            self.grad_norm = clip([p.grad for p in params], gradient_clip_val if by_norm else None) \
+                if params else None
+        if gradient_clip_val and (scaled or not by_norm):
+            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def erase(self, x: torch.Tensor) -> torch.Tensor:
         """timm's RandomErasing (mode "pixel") per image, batched (vit.data.device_augment): draws and noise from the
@@ -307,10 +312,15 @@ class ViTClassifier(L.LightningModule):
         draws = random_erasing_draws(x.shape[0], x.device)
         return self.erasing(x, draws, self.augmentation_config.random_erasing, torch.randn_like(x))
 
-    def optimizer_step(self, *args, **kwargs):
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None):
         """The update, then the EMA's: both before the step's callbacks, so that a checkpoint written at the
-        step's end (vit.data.resume) holds the EMA of this very step."""
-        super().optimizer_step(*args, **kwargs)
+        step's end (vit.data.resume) holds the EMA of this very step. Muon's step took the gradient norm."""
+        from vit.training.optim import Muon
+
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        inner = getattr(optimizer, "optimizer", optimizer)  # (Lightning's wrapper of it)
+        if isinstance(inner, Muon):
+            self.grad_norm = inner.grad_norm
         if self.ema is not None:
             self.ema.update(self.model, step=self.global_step + 1)  # Lightning counts the step after this hook
 
@@ -371,7 +381,7 @@ class ViTClassifier(L.LightningModule):
             rank_zero_info(f"Muon for the blocks' matrices (lr {muon_lr:g}), its Newton–Schulz iteration in "
                            f"{str(dtype).removeprefix('torch.')}")
             optimizer = Muon(self.param_groups(lr, muon_lr), lr=muon_lr, weight_decay=o.weight_decay,
-                             betas=o.betas, ns_dtype=dtype)
+                             betas=o.betas, ns_dtype=dtype, compiled=self.hparams.compile)
         else:
             fused = self.device.type == "cuda"
             optimizer = create_optimizer_v2(self.model, "adamw", lr=lr, weight_decay=o.weight_decay,
@@ -412,17 +422,8 @@ class ViTClassifier(L.LightningModule):
                 load_pretrained(self.model, self.hparams.pretrained)
                 if self.ema is not None:
                     self.ema.set(self.model)
-            device = self.hparams.compile == "reduce-overhead" and self.trainer.strategy.root_device.type
-            if device and device != "cuda":  # (the module moves to the strategy's device after setup)
-                raise ConfigError(f"--model.compile reduce-overhead captures CUDA graphs, which need a GPU; this run "
-                                  f"trains on {device}: use --model.compile true")
-            if device and self.trainer.accumulate_grad_batches > 1:  # a replay overwrites the last one's gradients
-                raise ConfigError("--model.compile reduce-overhead (CUDA graphs) takes one batch per optimizer step, not "
-                                  f"--trainer.accumulate_grad_batches {self.trainer.accumulate_grad_batches}: use "
-                                  "--model.compile true, or a larger --data.batch_size")
             if self.hparams.compile:
-                mode = "reduce-overhead" if self.hparams.compile == "reduce-overhead" else None
-                self.model.compile(dynamic=False, mode=mode)  # one static graph per image size (resize stages)
+                self.model.compile(dynamic=False)  # one static graph per image size (resize stages)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Everything classification needs, in plain types: no config file, no Lightning (beside what the
