@@ -9,6 +9,10 @@ PRIVATE_USES = (
      "zero's SIGTERM state before every batch and reads it on the host (a collective and a GPU sync every step), "
      "with no option to turn it off: the agreement replaces it on the loop, so that a step issues no collective "
      "but the gradients' all-reduce"),
+    ("vit/training/module.py", "_step_supports_amp_scaling", "an optimizer that unscales its gradients inside its own "
+     "step under a gradient scaler (torch's fused AdamW with 16-mixed) still holds scaled gradients when clipping "
+     "runs, so its clipping is left to Lightning; torch marks such an optimizer with this attribute alone (its "
+     "GradScaler reads the same one), with no public flag"),
     ("vit/training/progress.py", "TQDMProgressBar.refresh_rate", "the bar moves every log_every_n_steps batches, which "
      "is known only at setup; TQDMProgressBar takes its rate in its constructor and reads it through this property "
      "alone, which ProgressBar overrides"),

@@ -457,9 +457,8 @@ class StepCheckpoint(ModelCheckpoint):
         return self.saved is not None and time.monotonic() - self.saved >= self.seconds
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        from vit.training.agreement import Agreement
-
-        agreement = next((c for c in trainer.callbacks if isinstance(c, Agreement)), None)
+        # the agreement (vit.training.agreement.Agreement, a layer above: found by what it holds, not imported)
+        agreement = next((c for c in trainer.callbacks if hasattr(c, "checkpoint_due")), None)
         if agreement is not None and agreement.checkpoint_due and not at_epoch_end(trainer):
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
             self.saved = time.monotonic()
