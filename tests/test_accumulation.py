@@ -95,7 +95,7 @@ def test_a_run_killed_inside_an_accumulation_window_resumes_exactly(tmp_path, fa
     """25 × 2, a step checkpoint due every 0.6 s, falling due after batch 11 (the first half of step 6: a pause
     there); kill -9 after batch 13: the step checkpoint is step 6's, after its 12 batches, not one inside a
     step, and the resumed run ends with the uninterrupted run's weights, optimizer state and schedule."""
-    args = [*ARGS, "--step_checkpoint_minutes", "0.01"]
+    args = [*ARGS, "--step_checkpoint_minutes", "0.01", "--trainer.log_every_n_steps", "1"]  # (a check each step)
     full, part = tmp_path / "full", tmp_path / "part"
     full.mkdir(), part.mkdir()
     assert train_here(full, fake_cifar_session, *args, *OFF) == 0

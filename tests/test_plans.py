@@ -311,10 +311,14 @@ def test_the_commands_of_docs_experiments_run_as_a_user_types_them(tmp_path):
     assert f"#SBATCH --time={loaded.resources['time']}" in script and loaded.resources["time"]
     first = next(job for job in loaded.runs if isinstance(job, plans.Run))
     same = [job for job in loaded.runs if isinstance(job, plans.Run) and job.change == first.change]
-    for job, top1 in zip(same[:2], (60.0, 62.0)):
+    from vit.commands.train import ArgumentCheck
+
+    runner = plans.Runner(ROOT / "data", tmp_path, None, check_command=ArgumentCheck())
+    for job, top1 in zip(same[:2], (60.0, 62.0)):  # records of the plan's runs: their configurations are the plan's
         (tmp_path / job.table / job.name).mkdir(parents=True)
         (tmp_path / job.table / job.name / "results.json").write_text(json.dumps(
-            {"test_top1": top1, "best_val_acc": top1, "epochs": 2, "train_images_per_second": 10.0}))
+            {"test_top1": top1, "best_val_acc": top1, "epochs": 2, "train_images_per_second": 10.0,
+             "configuration": runner.configuration(job)}))
     table = plan("table", example, "--runs", str(tmp_path))
     row = next(line for line in table.splitlines() if line.startswith(f"| {first.label.split(', seed')[0]} |"))
     assert f"| 2 of {len(same)} | 61.00 ± 1.41 | 61.00 ± 1.41 | 2.0 ± 0.0 |" in row
