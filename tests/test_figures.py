@@ -233,7 +233,8 @@ def test_each_run_is_one_command_unless_minutes_bounds_them(tmp_path):
             assert command[command.index("--stop_after_minutes") + 1] == "9"
             assert command[command.index("--ckpt_path") + 1] == "last"
         else:
-            own = f"{job.minutes * (1 - plans.plan_file.RESERVE_SHARE):.3g}"  # its budget, less the reserve
+            own = f"{plans.plan_file.training_minutes(job.minutes):.3g}"  # its budget, less the reserve
+            assert float(own) <= job.minutes * (1 - plans.plan_file.RESERVE_SHARE) - plans.plan_file.RESERVE_SECONDS / 60 + 1e-3
             for runner in (whole, bounded):
                 command = runner.benchmark_command(job, tmp_path / "out.json")
                 assert command[command.index("--minutes") + 1] == own
@@ -440,6 +441,31 @@ def test_the_gpu_plan_rehearsed_on_a_cpu_writes_every_rows_record_inside_its_sca
         record = tmp_path / "results" / job.table / f"{job.name}.json"
         assert record.is_file() != (job.name in skipped), (job.name, proc.stdout[-3000:])
         if record.is_file():
-            budget = json.loads(record.read_text())["budget"]
+            written = json.loads(record.read_text())
+            budget = written["budget"]
             assert budget["minutes"] == pytest.approx(job.minutes * REHEARSAL_SCALE)
+            # figures of its own, or said to be its budget's stop (a CPU compiles the GPU recipes for minutes)
+            assert budget["stopped_by_budget"] or ("test_top1" in written if isinstance(job, plans.Run) else
+                                                   "versions" in written), (job.name, written)
+            assert written.get(plans.run_here.NO_FIGURES) is None or budget["stopped_by_budget"]
     assert not skipped, proc.stdout[-3000:]
+
+
+def test_a_record_the_runner_wrote_for_a_killed_job_never_satisfies_its_row(tmp_path):
+    """A job its budget killed before it wrote its own record gets one from the runner (what made it, no figures):
+    that record differs from the row's run, so its row stays pending and runs again, the same configuration or
+    not; the job's own record of the same run satisfies it."""
+    gpu = plans.load(plans.find("gpu"))
+    runner = committed_runner()
+    run, bench = gpu.runs[0], next(job for job in gpu.runs if isinstance(job, plans.Benchmark))
+    for job in (run, bench):
+        own = runner.budget_record(tmp_path / "missing.json", job, killed=True)
+        assert own["budget"]["stopped_by_budget"] and own[plans.run_here.NO_FIGURES]
+        assert runner.compare(job, own) == ["figures: none (its budget ended it before it wrote its record)"]
+        del own[plans.run_here.NO_FIGURES]  # the same run, with figures of its own: it satisfies the row
+        assert runner.compare(job, own) == []
+
+
+def test_a_scaled_rehearsal_never_writes_into_the_repositorys_records():
+    done = run_figures("--plan", "gpu", "--scale", "0.5", "--render")
+    assert done.returncode == 2 and done.stderr.startswith("error: --scale needs --results DIR"), done.stderr

@@ -22,7 +22,7 @@ def format_table(rows: list[dict], columns: list[str]) -> str:
 def write_report(report: dict, output: str | None) -> None:
     """The report as JSON at ``output`` (from a tree with uncommitted changes, their diff beside it)."""
     if output:
-        from vit.training.results import keep_diff
+        from vit.training.results import keep_diff, write_whole
 
         keep_diff(Path(output), report)
-        Path(output).write_text(json.dumps(report, indent=2) + "\n")
+        write_whole(Path(output), json.dumps(report, indent=2) + "\n")  # (a run killed mid-write tears nothing)

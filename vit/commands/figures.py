@@ -97,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {option} {value:g}: takes a positive number", file=sys.stderr)
             return 2
     results_dir = (args.results or plans_.REPO / "results").resolve()
+    if args.scale != 1 and args.results is None:
+        print("error: --scale needs --results DIR (a rehearsal's records never go into the repository's results/)",
+              file=sys.stderr)
+        return 2
     if args.quick and args.results is None:
         print("error: --quick needs --results DIR (toy records never go into the repository's results/)",
               file=sys.stderr)

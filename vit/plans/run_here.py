@@ -18,8 +18,8 @@ from pathlib import Path
 from vit.training import results
 from vit.exits import ConfigError
 from vit.plans.inputs import Inputs
-from vit.plans.plan_file import (DATA, REPO, RESERVE_SHARE, STOPPED, Benchmark, Plan, PlanFailed,
-                                 PlanStopped, Run)
+from vit.plans.plan_file import (DATA, REPO, STOPPED, Benchmark, Plan, PlanFailed,
+                                 PlanStopped, Run, training_minutes)
 
 QUICK_TRAIN = ("--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2",
                "--model.compile", "false", "--trainer.accelerator", "cpu", "--trainer.precision", "32-true",
@@ -28,6 +28,7 @@ QUICK_TRAIN = ("--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arc
 QUICK_BENCH = ("--quick", "--device", "cpu", "--sections", "model,step")  # (test_benchmark runs every section)
 
 
+NO_FIGURES = "no_figures"  # a record the runner wrote for a job its budget killed before it wrote its own
 STARTED = "plan.json"  # in a run's folder: the configuration (or command) the plan started it with
 # what the runner gives a command only to place its files or bound that one command: not part of what it runs
 PLACING = {"--data.root", "--trainer.default_root_dir", "--run", "--ckpt_path", "--stop_after_minutes", "--output",
@@ -173,7 +174,10 @@ class Runner(Inputs):
         plan runs as the job now ([]: it is the job's run, the one rule by which a record satisfies its row). A
         training run of this code is compared by its effective configuration; a run of another commit (whose
         options are that commit's) and a benchmark by their command's settings (``settings``). A record without
-        them (one from before records kept them) differs by that: its row is pending, and runs again."""
+        them (one from before records kept them) differs by that: its row is pending, and runs again; so does the
+        record of a job its budget killed before it wrote one of its own (``budget_record``: no figures)."""
+        if record.get(NO_FIGURES):
+            return ["figures: none (its budget ended it before it wrote its record)"]
         if isinstance(job, Run) and not job.commit:
             return results.differences(record, self.configuration(job))
         command = record.get("command")
@@ -262,11 +266,10 @@ class Runner(Inputs):
         if self.deadline is None:
             return True
         left = (self.deadline - time.monotonic()) / 60
-        needs = self.budget(job) or float("inf")
+        needs = self.budget(job) or 0.0  # (a job without a budget of its own: the plan's deadline bounds it)
         if needs <= left:
             return True
-        print(f"[plan] {job.name}: skipped: needs {needs:.2g} min, {max(left, 0):.2g} left"
-              + ("" if job.minutes is not None else " (it has no budget of its own: give it minutes)"), flush=True)
+        print(f"[plan] {job.name}: skipped: needs {needs:.2g} min, {max(left, 0):.2g} left", flush=True)
         return False
 
     def run_plan(self, plan: Plan, index: int | None = None) -> bool:
@@ -373,7 +376,9 @@ class Runner(Inputs):
         return self.wait(procs)
 
     def benchmark_command(self, job: Benchmark, out: Path) -> list[str]:
-        bound = ("--minutes", f"{self.budget(job) * (1 - RESERVE_SHARE):.3g}") if job.minutes is not None else \
+        # (its start-up, imports and CUDA's, is inside the budget and outside vit-benchmark's own clock: the
+        # training run's reserve)
+        bound = ("--minutes", f"{training_minutes(self.budget(job)):.3g}") if job.minutes is not None else \
             self.bound("--minutes")
         return [*program(REPO, "benchmark"), *self.command_args(job), "--output", str(out), *bound]
 
@@ -389,7 +394,8 @@ class Runner(Inputs):
             command = self.benchmark_command(job, out)
             print(f"[plan] {shlex.join(command[1:])}", flush=True)
             (code,) = self.wait([(job, self.popen(command, cwd=REPO, env=self.environment(False)))])
-            cut = code and job.minutes is not None and out.is_file() and results.read(out).get("sections_pending")
+            cut = code == STOPPED and job.minutes is not None and out.is_file() and \
+                results.read(out).get("sections_pending")
             if code is None or cut:  # its budget ended it (killed, or cut short in a section)
                 self.collect(out, job, killed=True)
                 return True
@@ -411,10 +417,10 @@ class Runner(Inputs):
 
         from vit.training import commits
 
-        if record.is_file() and (isinstance(job, Benchmark) or not killed):
+        if record.is_file():  # (a run's folder holds no record but this command's: settle moves others aside)
             r = results.read(record)
         else:
-            r = {"command": shlex.join([f"vit-{'benchmark' if isinstance(job, Benchmark) else 'train'}",
+            r = {NO_FIGURES: True, "command": shlex.join([f"vit-{'benchmark' if isinstance(job, Benchmark) else 'train'}",
                                         *self.command_args(job)]), **commits.commit(),
                  "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
             if isinstance(job, Run) and not job.commit:
@@ -430,8 +436,7 @@ class Runner(Inputs):
         """With a results folder: the run's record copied there, with its row's label and its budget
         (``budget_record``), and the diff it names (``results.keep_diff``) beside the copy."""
         if self.budget(job) is not None or killed:
-            if not record.is_file() or isinstance(job, Run) and killed:
-                record.parent.mkdir(parents=True, exist_ok=True)
+            record.parent.mkdir(parents=True, exist_ok=True)
             results.write_whole(record, json.dumps(self.budget_record(record, job, killed), indent=2) + "\n")
         if self.results_dir is None:
             print(f"[plan] record: {record}", flush=True)
