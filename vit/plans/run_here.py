@@ -18,8 +18,8 @@ from pathlib import Path
 from vit.training import results
 from vit.exits import ConfigError
 from vit.plans.inputs import Inputs
-from vit.plans.plan_file import (DATA, REPO, STOPPED, Benchmark, Plan, PlanFailed,
-                                 PlanStopped, Run, training_minutes)
+from vit.plans.plan_file import (DATA, REPO, RESERVE_SHARE, STOPPED, Benchmark, Plan, PlanFailed,
+                                 PlanStopped, Run)
 
 QUICK_TRAIN = ("--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2",
                "--model.compile", "false", "--trainer.accelerator", "cpu", "--trainer.precision", "32-true",
@@ -376,9 +376,7 @@ class Runner(Inputs):
         return self.wait(procs)
 
     def benchmark_command(self, job: Benchmark, out: Path) -> list[str]:
-        # (its start-up, imports and CUDA's, is inside the budget and outside vit-benchmark's own clock: the
-        # training run's reserve)
-        bound = ("--minutes", f"{training_minutes(self.budget(job)):.3g}") if job.minutes is not None else \
+        bound = ("--minutes", f"{self.budget(job) * (1 - RESERVE_SHARE):.3g}") if job.minutes is not None else \
             self.bound("--minutes")
         return [*program(REPO, "benchmark"), *self.command_args(job), "--output", str(out), *bound]
 
