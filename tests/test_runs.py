@@ -390,8 +390,9 @@ def test_a_run_restarted_from_an_earlier_checkpoint_and_preempted_resumes_on_its
         tmp_path, fake_cifar_session, monkeypatch, caplog):
     """A one-task SLURM job (its variables, in this process) trains 2 epochs (12 steps, last.ckpt), keeping a copy
     of epoch 0's last.ckpt in its checkpoints folder. The user restarts it from that copy for 3 epochs; preempted
-    (SIGUSR1) at step 9, the requeued job takes that step's step.ckpt, not the old branch's last.ckpt of step
-    12, and ends with the weights of the new branch run without a stop."""
+    (SIGUSR1) at step 9, the requeued job (train.sbatch's arguments again, the file's included) takes that
+    step's step.ckpt, not the file again nor the old branch's last.ckpt of step 12, and ends with the weights
+    of the new branch run without a stop."""
     import signal
 
     tiny = ["--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2", "--data.batch_size", "64",
@@ -410,14 +411,18 @@ def test_a_run_restarted_from_an_earlier_checkpoint_and_preempted_resumes_on_its
         shutil.copy(checkpoints / "last.ckpt", checkpoints / "epoch0.ckpt")
         assert train_here(job, fake_cifar_session, *tiny, "--trainer.max_epochs", "2", "--ckpt_path", "last") == 0
         assert load(checkpoints / "last.ckpt")["global_step"] == 12
-        restart = ["--ckpt_path", str(checkpoints / "epoch0.ckpt")]
+        restart = ["--ckpt_path", "last", "--ckpt_path", str(checkpoints / "epoch0.ckpt")]  # as train.sbatch runs it
         assert train_here(job, fake_cifar_session, *longer, *restart, "--trainer.callbacks+=callbacks.SignalAtBatch",
                           "--trainer.callbacks.batch", "9", "--trainer.callbacks.signal", "SIGUSR1") == 4
         assert load(checkpoints / "step.ckpt")["global_step"] == 9
         assert load(checkpoints / "last.ckpt")["global_step"] == 12  # the abandoned branch's, with more steps
         caplog.clear()
-        assert train_here(job, fake_cifar_session, *longer, "--ckpt_path", "last") == 0
+        monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # requeued: the same arguments, FILE's included
+        assert train_here(job, fake_cifar_session, *longer, *restart) == 0
         assert "resuming runs/smoke/slurm-77 from its step.ckpt" in caplog.text
+        assert f"attempt 1 of this launch: it continues from its run folder's newest checkpoint; --ckpt_path " \
+               f"{checkpoints / 'epoch0.ckpt'} is where its first attempt started" in caplog.text
+        monkeypatch.delenv("SLURM_RESTART_COUNT")
         for key in SLURM_TASK:
             monkeypatch.delenv(key)
         shutil.copy(checkpoints / "epoch0.ckpt", reference / "epoch0.ckpt")

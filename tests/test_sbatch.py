@@ -58,6 +58,8 @@ def test_a_stopped_job_requeues_itself_until_the_default_cap(job):
                     "--run slurm-77")
     proc, _ = job(20, 4, None, "--run", "mine")  # the run the user named: no second --run
     assert proc.stdout.rstrip().endswith("sbatch scripts/slurm/train.sbatch --run mine"), proc.stdout
+    proc, _ = job(20, 4, None, "--ckpt_path", "start.ckpt", "--ckpt_path=x.ckpt", "--config", "smoke")
+    assert proc.stdout.rstrip().endswith("train.sbatch --config smoke --run slurm-77"), proc.stdout  # not FILE again
     proc, _ = job(20, 4, None, env={"SLURM_ARRAY_JOB_ID": "70", "SLURM_ARRAY_TASK_ID": "3"})  # an array's task
     assert proc.stdout.rstrip().endswith("sbatch scripts/slurm/train.sbatch --run slurm-70_3"), proc.stdout
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from vit.models.checkpoints import read_checkpoint
 from vit.exits import CheckpointError, RunError
-from vit.cluster.launch import launch_name
+from vit.cluster.launch import attempt, launch_name
 
 CHECKPOINTS = "checkpoints"
 WANDB_ID = "wandb_id"
@@ -272,7 +272,9 @@ def place_outputs(cfg, run: Path, known_wandb_id: str | None) -> None:
 def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict,
                  claimed: list[Path]) -> tuple[Path, tuple[Path, dict] | None]:
     """The run folder a fit writes into (``resolve``), and the checkpoint it resumes from with its contents
-    (None: a new run), checked to fit the command line's ``arch``; a folder this call created is appended to
+    (None: a new run), checked to fit the command line's ``arch``; a requeued or restarted launch (its attempt
+    past 0) continues from its own run folder's newest checkpoint, whatever ``ckpt_path`` file its first
+    attempt started from; a folder this call created is appended to
     ``claimed`` (removed again if the run never starts). Says which in one line.
 
     One process at a time trains in a run folder (vit.cluster.run_lock): process 0 takes the folder before it reads a
@@ -286,6 +288,11 @@ def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict
     from vit.cluster.checkpoint_io import remove_drafts
     from vit.models.checkpoints import check_clock, check_fits
 
+    fixed = name or launch_name()
+    if ckpt_path not in (None, "last") and attempt() != "0" and fixed and last_checkpoint(root / fixed):
+        rank_zero_info(f"attempt {attempt()} of this launch: it continues from its run folder's newest checkpoint; "
+                       f"--ckpt_path {ckpt_path} is where its first attempt started")
+        ckpt_path = "last"  # (every process of the launch sees the same attempt and the same folder)
     given = read_checkpoint(ckpt_path) if ckpt_path not in (None, "last") else None
     if given is not None:
         check_fits(given, arch, ckpt_path)
