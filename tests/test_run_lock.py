@@ -17,7 +17,7 @@ import pytest
 
 from helpers import digest, train_here
 from vit.cluster import run_lock, runs
-from vit.exits import RunError
+from vit.exits import LostProcesses, RunError
 
 HOLD = ("import sys, time; from pathlib import Path; from vit.cluster import run_lock; run_lock.take(Path(sys.argv[1])); "
         "print('held', flush=True); time.sleep(300)")
@@ -91,9 +91,9 @@ def test_the_other_processes_of_a_launch_wait_for_their_rank_zero_or_end_with_it
         holder.kill()
         holder.wait()
     started = time.monotonic()
-    run_lock.wait_for_rank_zero(run, seconds=1)  # nobody took it (rank 0 failed before): it goes on, after a while
+    with pytest.raises(LostProcesses, match=f"^process 0 of this launch did not take {run}'s lock within 1 s"):
+        run_lock.wait_for_rank_zero(run, seconds=1)  # nobody took it (rank 0 failed before): it ends, never alone
     assert 1 <= time.monotonic() - started < 60
-    assert f"process 0 of this launch did not take {run}'s lock within 1 s" in capsys.readouterr().err  # said
 
 
 def test_a_process_waiting_for_what_its_rank_zero_writes_ends_when_rank_zero_ends_before(tmp_path, monkeypatch):
@@ -241,3 +241,92 @@ def test_the_heartbeat_keeps_what_the_holder_announced(tmp_path):
         run_lock.release(run)
     naive = datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(seconds=30)
     assert 29 <= run_lock.heartbeat_age({"heartbeat": naive.isoformat()}) < 600
+
+
+# a holder on a file system that refuses locks (ENOLCK, as some NFS mounts without a lock manager answer):
+# argv[1] its run folder; it announces argv[2] as its chosen checkpoint when given
+HOLD_NO_LOCKS = ("import errno, fcntl, sys, time; from pathlib import Path; from vit.cluster import run_lock\n"
+                 "def refuse(*args): raise OSError(errno.ENOLCK, 'No locks available')\n"
+                 "fcntl.lockf = fcntl.fcntl = refuse\n"
+                 "run = Path(sys.argv[1]); print(run_lock.take(run), file=sys.stderr, flush=True)\n"
+                 "sys.argv[2:] and run_lock.announce(run, resumes_from=sys.argv[2])\n"
+                 "print('held', flush=True); time.sleep(300)")
+
+
+def no_locks(monkeypatch):
+    """This process on a file system that refuses locks."""
+    import errno
+    import fcntl
+
+    def refuse(*args):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "lockf", refuse)
+    monkeypatch.setattr(fcntl, "fcntl", refuse)
+
+
+def test_where_the_file_system_refuses_locks_a_run_that_trains_is_neither_uploaded_nor_taken(tmp_path, monkeypatch,
+                                                                                            capsys):
+    from vit.commands.sync import main as sync
+
+    run = tmp_path / "runs" / "smoke" / "version_0"
+    offline = run / "wandb" / "offline-run-20260101_000000-abcd1234"
+    offline.mkdir(parents=True)
+    (offline / "run-abcd1234.wandb").write_bytes(b"")
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_NO_LOCKS, str(run)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        no_locks(monkeypatch)
+        assert run_lock.holder(run)["pid"] == proc.pid  # its record and heartbeat say it trains
+        assert sync([str(tmp_path / "runs"), "--dry-run"]) == 0
+        assert "left for later: 1 offline W&B run still training" in capsys.readouterr().out
+        with pytest.raises(RunError, match=rf"is in use: another process trains in it \(pid {proc.pid} on "):
+            run_lock.take(run)  # another start for the same folder
+    finally:
+        proc.kill()
+        _, err = proc.communicate()
+    assert "does not lock files (ENOLCK)" in err
+    assert run_lock.holder(run, stale=0.0) is None  # a heartbeat past the limit: it ended
+
+
+def test_where_locks_are_local_to_a_node_a_start_on_another_node_is_refused_and_a_launch_does_not_wait(
+        tmp_path, monkeypatch):
+    """A live holder on another node, whose lock this node does not see (Lustre's localflock: here, this process
+    sees no lock and names itself as another host): another job's start for the folder is refused before it
+    touches anything (its drafts stay); the other processes of the holder's own launch take its record at once,
+    not after the wait's limit, and resume from the checkpoint it chose."""
+    job = {"SLURM_NTASKS": "2", "SLURM_JOB_ID": "41", "SLURM_JOB_NAME": "train"}
+    for key in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(key, raising=False)
+    run = tmp_path / "slurm-41"
+    run.mkdir()
+    draft = run / runs.CHECKPOINTS / ".last.ckpt.123.tmp"
+    draft.parent.mkdir()
+    draft.write_bytes(b"a save in progress")
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_NO_LOCKS.replace("fcntl.lockf = fcntl.fcntl = refuse", ""),
+                             str(run), "step.ckpt"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **job})
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        monkeypatch.setattr(run_lock, "_locked", lambda fd: False)  # this node sees no lock
+        monkeypatch.setattr(fcntl_module(), "lockf", lambda *args: None)  # and takes one where one is held
+        monkeypatch.setattr(socket, "gethostname", lambda: "node2")
+        monkeypatch.setenv("SLURM_JOB_ID", "42")  # another job naming the same folder
+        with pytest.raises(RunError, match=rf"is in use: another process trains in it \(pid {proc.pid} on "):
+            run_lock.take(run)
+        assert draft.exists()
+        for key, value in job.items():  # process 1 of the holder's launch
+            monkeypatch.setenv(key, value)
+        started = time.monotonic()
+        told = run_lock.wait_for_rank_zero(run, seconds=120, needs="resumes_from")
+        assert told["resumes_from"] == "step.ckpt" and time.monotonic() - started < 30
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def fcntl_module():
+    import fcntl
+
+    return fcntl

@@ -1,27 +1,18 @@
-"""Who trains in a run folder: one launch at a time. The process that trains (global rank 0) holds a lock on
-``<run>/.lock`` for the whole of its fit, the file naming it (pid, host, SLURM job, since when); a second
-process for the same folder ends at once with one line naming the holder (RunError: exit 2), before it reads
-or writes anything there: it removes no draft, starts no W&B run.
+"""Who trains in a run folder: one launch at a time, the same rule on every node and file system.
 
-The lock is a POSIX record lock (``fcntl.lockf``): the operating system releases it when the process ends,
-however it ends (a kill, a node's reboot), so a lock left by a process that died is free and the next run
-takes it over (and says whose it was). It works across the nodes of a cluster on NFS (its lock manager) and on
-Lustre mounted with ``flock``; on a file system that refuses locks, the run trains unguarded and says so in one
-line; one mounted with ``localflock`` locks for the processes of one node only. Not inherited by the processes a
-run forks (data loader workers), it never outlives the run's own process.
+Process 0 of a launch holds ``<run>/.lock`` for the whole of its fit: a POSIX lock (``fcntl.lockf``, released by
+the operating system however the process ends) and, in the file, its record (launch, pid, host, SLURM job, since
+when) with a heartbeat rewritten every ``HEARTBEAT_SECONDS`` by a thread of its own. The folder is held (``live``)
+while its lock is, or, where this process cannot see the lock (a file system that does not lock; one whose locks
+are local to a node, Lustre's ``localflock`` or NFS's ``nolock``, seen from another host), while the heartbeat is
+younger than ``STALE_SECONDS``. A start for a held folder ends at once with one line naming the holder (RunError:
+exit 2), before it reads or writes anything there; an earlier attempt of the same launch (a requeued SLURM job,
+a restarted torchrun) is over and is taken over at once. vit-sync uploads no run whose folder is held.
 
-While it holds the lock, the holder rewrites a heartbeat in the file (its time, with the host) every
-``HEARTBEAT_SECONDS`` from a thread of its own. A file system whose locks are local to a node (Lustre mounted
-with ``localflock``, NFS with ``nolock``) shows another node no lock: there a fresh heartbeat (younger than
-``STALE_SECONDS``) written on another host says that the run still trains (``holder``), and a stale one that it
-ended without releasing the lock. Taking the lock reads no heartbeat: a requeued job whose last attempt died with
-its node takes the folder over at once.
-
-The other processes of a multi-process launch do not take it: Lightning's own launcher starts them after rank 0
-holds it (``vit.cluster.runs.ENV``); the processes that SLURM or torchrun started wait until the lock names their own
-launch, or end with the holder's line when another launch holds it (``wait_for_rank_zero``), so that no process
-trains, or waits in a collective, alone. Rank 0 adds to the lock's record what they are to take from it
-(``announce``: the checkpoint it resumes from): a record that names a live lock of this launch is this attempt's own.
+The other processes of a SLURM or torchrun launch take nothing: they wait for a live record naming their launch
+and attempt, and read there what process 0 decided (``announce``: the checkpoint it resumes from), or end with the
+holder's line. Lightning's own launcher starts its processes after process 0 decided (vit.cluster.runs.ENV).
+What a file system that does not lock cannot tell: two starts within the same second.
 
 A POSIX lock is dropped when its process closes any descriptor of the file: nothing but this module opens it.
 """
@@ -93,26 +84,57 @@ def _refused(run: Path, holder: dict) -> RunError:
                     f"folder. Wait for it to end, or train in another folder (--run NAME)")
 
 
+def live(holder: dict, locked: bool | None, stale: float = STALE_SECONDS) -> bool:
+    """Whether ``holder`` (a lock file's record) still trains: its lock is held (``locked``), or, where this process
+    cannot see the lock (``locked`` None: a file system that does not lock; a holder on another host, whose lock a
+    node-local file system shows nowhere else), its heartbeat is younger than ``stale`` seconds. The one meaning of
+    "a run folder is held", on every node and every file system."""
+    if locked:
+        return True
+    age = heartbeat_age(holder)
+    unseen = locked is None or holder.get("host") != socket.gethostname()
+    return unseen and age is not None and age < stale
+
+
+def _state(fd: int) -> tuple[dict, bool | None]:
+    """(the lock file's record, whether some process holds its lock: None where the file system does not say)."""
+    try:
+        locked = _locked(fd)
+    except OSError as e:
+        if e.errno not in UNSUPPORTED:
+            raise
+        locked = None
+    return _read(fd), locked
+
+
 def take(run: Path, heartbeat: float = HEARTBEAT_SECONDS) -> str | None:
     """Hold ``run``'s lock until ``release`` or this process ends, rewriting the heartbeat every ``heartbeat``
-    seconds; RunError naming the holder when another process holds it. Returns a line to print, or None: whose lock
-    this took over (a process that ended without releasing it), or that the file system cannot lock."""
+    seconds; RunError naming the holder when another launch holds it (``live``: its lock, or where no lock can be
+    seen, its heartbeat; an earlier attempt of this same launch, requeued, is over). Returns a line to print, or
+    None: whose lock this took over (a process that ended without releasing it), or that the file system cannot
+    lock (the record and its heartbeat are written all the same, and keep other starts and vit-sync away)."""
     run = Path(run)
     if run in _held:
         return None
     fd = os.open(run / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    said = None
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
-        holder = _read(fd)
-        os.close(fd)  # (this process holds no lock on the file: closing drops nothing)
+        if e.errno not in (errno.EACCES, errno.EAGAIN, *UNSUPPORTED):
+            os.close(fd)
+            raise
         if e.errno in (errno.EACCES, errno.EAGAIN):
+            holder = _read(fd)
+            os.close(fd)  # (this process holds no lock on the file: closing drops nothing)
             raise _refused(run, holder) from None
-        if e.errno in UNSUPPORTED:
-            return (f"the file system of {run} does not lock files ({errno.errorcode[e.errno]}): nothing stops "
-                    f"another process from training in this folder at the same time")
-        raise
+        said = (f"the file system of {run} does not lock files ({errno.errorcode[e.errno]}): this run's record and "
+                f"heartbeat in {LOCK} keep other starts and vit-sync away; two starts in the same second are not")
     previous = _read(fd)
+    name = identity().rpartition("/")[0]
+    if previous.get("launch", "").rpartition("/")[0] != name and live(previous, None if said else False):
+        os.close(fd)  # (closing drops this process's lock: nothing of it was written)
+        raise _refused(run, previous)
     mine = {"launch": identity(), "pid": os.getpid(), "host": socket.gethostname(), "slurm_job": launch.slurm_job(),
             "since": _now()}
     _write(fd, mine)
@@ -121,10 +143,10 @@ def take(run: Path, heartbeat: float = HEARTBEAT_SECONDS) -> str | None:
     beat = threading.Thread(target=_beat, args=(fd, mine, heartbeat, stop), name=f"heartbeat {run}", daemon=True)
     beat.start()
     _beating[run] = (stop, beat)
-    if previous:  # released whole, the file is empty: this one's holder ended without releasing it
-        return (f"took over {run}: its lock file names {describe(previous)}, which holds it no longer (it ended "
+    if said is None and previous:  # released whole, the file is empty: this one's holder ended without releasing it
+        said = (f"took over {run}: its lock file names {describe(previous)}, which holds it no longer (it ended "
                 f"without releasing it, or the folder was copied)")
-    return None
+    return said
 
 
 def _write(fd: int, holder: dict) -> None:
@@ -173,27 +195,16 @@ def _locked(fd: int) -> bool:
 
 def holder(run: Path, stale: float = STALE_SECONDS) -> dict | None:
     """Who trains in ``run`` now (its pid, host, SLURM job, heartbeat; {} when it has not named itself yet), or None
-    when no process does: a process holding its lock, or, where this machine sees no lock, one on another host
-    whose heartbeat is younger than ``stale`` seconds (a file system whose locks another node does not see). On
-    this host the lock alone tells: a holder here that ended has released it, whatever its heartbeat."""
+    when no process does (``live``)."""
     path = Path(run) / LOCK
     if not path.exists():
         return None
     fd = os.open(path, os.O_RDONLY)
     try:
-        named = _read(fd)
-        try:
-            if _locked(fd):
-                return named
-        except OSError as e:
-            if e.errno not in UNSUPPORTED:
-                raise
+        named, locked = _state(fd)
     finally:
         os.close(fd)  # (this process holds no lock on the file)
-    age = heartbeat_age(named)
-    if named.get("host") != socket.gethostname() and age is not None and age < stale:
-        return named
-    return None
+    return named if live(named, locked, stale) else None
 
 
 def announce(run: Path, **facts) -> None:
@@ -208,18 +219,17 @@ def announce(run: Path, **facts) -> None:
     _write(fd, record)
 
 
-def wait_for_rank_zero(run: Path, seconds: float = 300.0, poll: float = 0.2, needs: str | None = None) -> dict | None:
-    """On a process of a multi-process launch other than rank 0: go on once rank 0 holds ``run``'s lock (the file
-    names this launch) and, with ``needs``, has announced that fact (``announce``): its record, read alike twice
-    (not an earlier holder's, read as rank 0 takes the lock); returns it. RunError with the holder's line when another
-    launch holds it (rank 0 ends with the same line); LostProcesses when rank 0 let the lock go before it announced
-    (it failed, and says why). None on a file system that does not lock, and, said in one line, after ``seconds``
-    without either: the process goes on, and the launch's own wait for its processes then ends it."""
+def wait_for_rank_zero(run: Path, seconds: float = 300.0, poll: float = 0.2, needs: str | None = None) -> dict:
+    """On a process of a multi-process launch other than rank 0: go on once rank 0 holds ``run`` (a ``live`` record
+    naming this attempt of this launch, read alike twice: not an earlier holder's of the same name, read as rank 0
+    takes the lock) and, with ``needs``, has announced that fact (``announce``); returns the record. RunError with the
+    holder's line when another launch holds it (rank 0 ends with the same line); LostProcesses when rank 0 let it go
+    before it announced (it failed, and says why), or did not take it within ``seconds``."""
     path = Path(run) / LOCK
     start = time.monotonic()
-    deadline, foreign, said, ours, seen = start + seconds, None, False, False, None
+    foreign, said, ours, seen, gone = None, False, False, None, 0  # (gone: reads since ours was last seen)
     what = f"{run}'s lock" + (" and name the checkpoint it resumes from" if needs else "")
-    while time.monotonic() < deadline:
+    while time.monotonic() < start + seconds:
         if not said and time.monotonic() - start > 10:
             said = True
             print(f"waiting for process 0 of this launch to take {what} (up to {seconds:.0f} s)", file=sys.stderr,
@@ -227,33 +237,25 @@ def wait_for_rank_zero(run: Path, seconds: float = 300.0, poll: float = 0.2, nee
         if path.exists():
             fd = os.open(path, os.O_RDONLY)
             try:
-                locked, holder = _locked(fd), _read(fd)
-            except OSError as e:
-                if e.errno in UNSUPPORTED:
-                    return None
-                raise
+                holder, locked = _state(fd)
             finally:
                 os.close(fd)  # (this process holds no lock on the file)
-            if locked and holder.get("launch") == identity():
-                # (twice alike: not the record of an earlier holder of this launch, read between rank 0's
-                # taking the lock and writing its own)
+            if holder.get("launch") == identity() and live(holder, locked):
                 record = {k: v for k, v in holder.items() if k != "heartbeat"}
                 if (needs is None or needs in holder) and record == seen:
                     return holder
-                ours, seen = True, record
-                time.sleep(poll)
-                continue
-            if ours and not locked:
+                ours, seen, gone = True, record, 0
+            elif ours and (gone := gone + 1) > 1:  # not live twice (not a read torn by a rewrite): it ended
                 raise LostProcesses(f"process 0 of this launch let {run}'s lock go before it named the checkpoint "
                                     f"it resumes from (it failed, and says why)")
-            if locked and holder:  # twice a second apart: not rank 0 between taking the lock and naming itself
+            elif holder and live(holder, locked):  # twice a second apart: not rank 0 between taking and naming
                 if foreign == holder:
                     raise _refused(Path(run), holder)
                 foreign = holder
                 time.sleep(1.0)
                 continue
-        foreign = None
+            else:
+                foreign = None
         time.sleep(poll)
-    print(f"process 0 of this launch did not take {what} within {seconds:.0f} s (a file system whose locks are "
-          f"not seen across nodes, or process 0 failed and says why): going on", file=sys.stderr, flush=True)
-    return None
+    raise LostProcesses(f"process 0 of this launch did not take {what} within {seconds:.0f} s (it failed, and says "
+                        f"why)")

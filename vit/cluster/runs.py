@@ -225,26 +225,18 @@ def resolve(root: Path, ckpt_path: str | None, name: str | None) -> tuple[Path, 
 
 def choose_last(run: Path, told: dict | None) -> tuple[Path | None, dict | None, str]:
     """(the checkpoint ``--ckpt_path last`` resumes from in ``run`` or None, that checkpoint read or None, the line
-    ``newest_readable`` gives), once this launch holds the folder (vit.cluster.run_lock). One process chooses, the others
-    take its choice, so that all resume from one file: process 0 (or the only one) chooses the newest that reads
-    and records it in its lock's record (``CHOSEN``), where the others of a SLURM or torchrun launch read it
-    (``told``: that record, None when they could not read it: they choose alike by the same rule, and say so);
-    those of Lightning's DDP launcher take the launching process's choice (``RESUMES``)."""
-    from lightning.pytorch.utilities import rank_zero_only
-
+    ``newest_readable`` gives), decided once: process 0 (or the only one) chooses the newest that reads, once it
+    holds the folder (vit.cluster.run_lock), and records it in its lock's record (``CHOSEN``), where the others of a
+    SLURM or torchrun launch read it (``told``); those of Lightning's DDP launcher take it from ``RESUMES``."""
     from vit.cluster import run_lock
 
     if os.environ.get(ENV) and RESUMES in os.environ:
         given = os.environ[RESUMES]
         return (Path(given), None, "") if given else (None, None, "")
-    if told is not None and CHOSEN in told:
+    if told is not None:
         return (run / CHECKPOINTS / Path(told[CHOSEN]).name, None, "") if told[CHOSEN] else (None, None, "")
     path, ckpt, skipped = newest_readable(run) or (None, None, "")
-    if rank_zero_only.rank == 0:
-        run_lock.announce(run, **{CHOSEN: path and path.name})
-    elif not os.environ.get(ENV):
-        print(f"process 0 of this launch did not name the checkpoint it resumes from in {run}'s lock: this process "
-              f"chose {path.name if path else 'none'} by the same rule", file=sys.stderr, flush=True)
+    run_lock.announce(run, **{CHOSEN: path and path.name})
     return path, ckpt, skipped
 
 
