@@ -55,13 +55,13 @@ def smoke_argv(data: Path | None, extra: tuple[str, ...], quiet: bool) -> list[s
     return [*mode, "--config", "smoke", *data_args, *(QUIET if quiet else []), *extra]
 
 
-def train_here(cwd: Path, data: Path | None, *extra: str, quiet: bool = True) -> int:
-    """vit-train's main() in this process, with ``train``'s arguments (W&B off): its exit status. Its output
-    is the test's ``capsys`` (error lines) and ``caplog`` (the rest)."""
+def train_here(cwd: Path, data: Path | None, *extra: str, quiet: bool = True, wandb: str = "disabled") -> int:
+    """vit-train's main() in this process, with ``train``'s arguments (W&B off, or in ``wandb``'s WANDB_MODE): its
+    exit status. Its output is the test's ``capsys`` (error lines) and ``caplog`` (the rest)."""
     from vit.commands.train import main
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("WANDB_MODE", "disabled")
+        patch.setenv("WANDB_MODE", wandb)
         patch.chdir(cwd)
         return main(smoke_argv(data, extra, quiet))
 

@@ -244,13 +244,19 @@ def test_a_resumed_split_holds_out_no_trained_image_when_images_are_added_and_re
 
 
 def test_a_split_a_resume_cannot_keep_is_refused_in_one_line(tmp_path):
+    """vit-train's check of a checkpoint's split (vit.models.checkpoints.check_split), before the folder is indexed:
+    a --data.val_size that means the same count of the images the split was drawn over resumes it."""
     from vit.exits import CheckpointError, ConfigError
+    from vit.models.checkpoints import check_split
 
     root = tmp_path / "photos"
     for name, colour in (("red", (200, 20, 20)), ("blue", (20, 20, 200))):
         write_images(root / "train" / name, 10, colour, size=16)
 
     def resume(state, **kwargs):
+        if state is not None:
+            data = {"class_path": "vit.data.ImageFolderDataModule", "root": str(root), "val_size": 0.1, "seed": 0}
+            check_split({"ImageFolderDataModule": state}, {**data, **kwargs}, "the checkpoint")
         dm = ImageFolderDataModule(root=str(root), image_size=16, num_workers=0, **kwargs)
         dm.setup("fit")
         if state is not None:
@@ -259,17 +265,24 @@ def test_a_split_a_resume_cannot_keep_is_refused_in_one_line(tmp_path):
 
     first = resume(None, val_size=4)
     state = first.state_dict()
-    with pytest.raises(ConfigError, match=r"^the checkpoint: the run drew its validation images with --data.val_size 4 "
-                                          r"--data.seed 0, and this command has --data.val_size 0.2 --data.seed 0: "
-                                          r"resume with --data.val_size 4 --data.seed 0 \(images added to or removed "
-                                          r"from train/ move no other image\), or start a new run$"):
-        resume(state, val_size=0.2)
-    with pytest.raises(ConfigError, match="--data.seed 1: resume with --data.val_size 4 --data.seed 0"):
+    assert state["held_out"]["images"] == 20 and split_of(resume(state, val_size=0.2)) == split_of(first)  # 4 of 20
+    with pytest.raises(ConfigError, match=r"^the checkpoint: the run held out 4 of 20 images for validation with "
+                                          r"--data.val_size 4 --data.seed 0, and this command has --data.val_size 0.25 "
+                                          r"--data.seed 0, which would hold out others, some of them trained on: "
+                                          r"resume with --data.val_size 4 --data.seed 0, or start a new run$"):
+        resume(state, val_size=0.25)
+    with pytest.raises(ConfigError, match="--data.seed 1, which would hold out others.*: resume with --data.val_size 4 "
+                                          "--data.seed 0,"):
         resume(state, val_size=4, seed=1)
     for crafted in ({**state["held_out"], "limits": ["0", None]}, {**state["held_out"], "limits": [2**63, 0]}, 7):
         with pytest.raises(CheckpointError, match=r"^the checkpoint: its validation split \(held_out\) is not one "
                                                   r"this version wrote: start a new run$"):
             resume({**state, "held_out": crafted}, val_size=4)
+    earlier = {k: v for k, v in state["held_out"].items() if k != "images"}  # (an earlier version's: as written)
+    assert split_of(resume({**state, "held_out": earlier}, val_size=4)) == split_of(first)
+    with pytest.raises(ConfigError, match=r"^the checkpoint: the run held out its validation images with "
+                                          r"--data.val_size 4 --data.seed 0, and this command has --data.val_size 0.2"):
+        resume({**state, "held_out": earlier}, val_size=0.2)
     (root / "train" / "blue").rename(root / "train" / "navy")
     with pytest.raises(DatasetError, match=r"the run's classes were blue, red, and .*/train now has navy, red: put "
                                            r"the class folders back as they were, or start a new run$"):
@@ -381,6 +394,7 @@ def test_testing_on_a_test_folder_does_not_refuse_another_split(tmp_path):
     from types import SimpleNamespace
 
     from vit.exits import ConfigError
+    from vit.models.checkpoints import check_split
 
     root = tmp_path / "photos"
     for split, n in (("train", 10), ("test", 3)):
@@ -388,15 +402,50 @@ def test_testing_on_a_test_folder_does_not_refuse_another_split(tmp_path):
             write_images(root / split / name, n, colour, size=16)
     first = ImageFolderDataModule(root=str(root), image_size=16, num_workers=0, val_size=4)
     first.setup("fit")
-    state = first.state_dict()
-    for fn, refused in (("test", False), ("fit", True)):
-        dm = ImageFolderDataModule(root=str(root), image_size=16, num_workers=0, val_size=6)
-        dm.trainer = SimpleNamespace(state=SimpleNamespace(fn=fn), ckpt_path="c.ckpt", default_root_dir=str(tmp_path),
-                                     world_size=1, global_rank=0, is_global_zero=True)
-        dm.setup(fn)
-        if refused:
-            with pytest.raises(ConfigError, match="^c.ckpt: the run drew its validation images with"):
-                dm.load_state_dict(state)
-        else:
-            dm.load_state_dict(state)
-            assert len(dm.test_set) == 6
+    ckpt = {"ImageFolderDataModule": first.state_dict()}
+    data = {"class_path": "vit.data.ImageFolderDataModule", "root": str(root), "val_size": 6, "seed": 0}
+    with pytest.raises(ConfigError, match="^c.ckpt: the run held out 4 of 20 images for validation with"):
+        check_split(ckpt, data, "c.ckpt")
+    check_split(ckpt, data, "c.ckpt", testing=True)
+    dm = ImageFolderDataModule(root=str(root), image_size=16, num_workers=0, val_size=6)
+    dm.trainer = SimpleNamespace(state=SimpleNamespace(fn="test"), ckpt_path="c.ckpt", default_root_dir=str(tmp_path),
+                                 world_size=1, global_rank=0, is_global_zero=True)
+    dm.setup("test")
+    dm.load_state_dict(ckpt["ImageFolderDataModule"])
+    assert len(dm.test_set) == 6
+
+
+def test_a_folder_resume_keeps_the_checkpoints_split_in_any_words_and_refuses_another_before_indexing(tmp_path,
+                                                                                                      capsys):
+    """vit-train: the run held out 8 of its 32 images (--data.val_size 0.25); resumed with the count 8 it trains on;
+    with 6, it is refused in one line (exit 2) before any work: the folder is not indexed again (its index
+    removed), W&B (offline here) starts no run in the run folder."""
+    from helpers import errors_of, train_here
+    from vit.data import folder_index
+
+    root = tmp_path / "photos"
+    for name, colour in (("red", (200, 20, 20)), ("blue", (20, 20, 200))):
+        write_images(root / "train" / name, 16, colour, size=16)
+    args = ["--data", "vit.data.ImageFolderDataModule", "--data.root", str(root), "--data.val_size", "0.25",
+            "--data.batch_size", "8", "--data.num_workers", "0", "--model.arch.image_size", "16",
+            "--model.arch.patch_size", "4", "--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads",
+            "2", "--trainer.max_epochs", "2", "--test_after_fit", "false"]
+    run = tmp_path / "runs/smoke/version_0"
+    last = run / "checkpoints/last.ckpt"
+    assert train_here(tmp_path, None, *args, "--trainer.logger", "false",
+                      "--trainer.callbacks+=callbacks.StopAfterEpoch", "--trainer.callbacks.epoch", "0") == 0
+    before = load(last)
+    assert before["ImageFolderDataModule"]["held_out"]["images"] == 32
+    (run / folder_index.NAME).unlink()
+    capsys.readouterr()
+    assert train_here(tmp_path, None, *args, "--data.val_size", "6", "--ckpt_path", "last", wandb="offline") == 2
+    assert errors_of(capsys) == [
+        f"error: {last.relative_to(tmp_path)}: the run held out 8 of 32 images for validation with --data.val_size "
+        f"0.25 --data.seed 0, and this command has --data.val_size 6 --data.seed 0, which would hold out others, some "
+        f"of them trained on: resume with --data.val_size 0.25 (or 8) --data.seed 0, or start a new run"]
+    assert not (run / folder_index.NAME).exists() and not (run / "wandb").exists()
+    assert train_here(tmp_path, None, *args, "--trainer.logger", "false", "--data.val_size", "8",
+                      "--ckpt_path", "last") == 0
+    after = load(last)
+    assert after["epoch"] == 1 and after["global_step"] == 2 * before["global_step"] > 0
+    assert after["ImageFolderDataModule"]["held_out"] == before["ImageFolderDataModule"]["held_out"]

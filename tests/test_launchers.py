@@ -43,9 +43,9 @@ def test_a_one_task_job_resumes_only_its_own_run(no_launcher, tmp_path):
     no_launcher.setenv("SLURM_JOB_ID", "6")
     no_launcher.setenv("SLURM_NTASKS", "1")
     try:
-        run, resume = runs.open_for_fit(tmp_path, "last", None, {}, [])
+        run, resume = runs.open_for_fit(tmp_path, "last", None, {}, {}, [])
         assert run == tmp_path / "slurm-6" and resume is None  # not version_0's last.ckpt
-        run, (ckpt, read) = runs.open_for_fit(tmp_path, "last", "version_0", {}, [])  # unless the user names it
+        run, (ckpt, read) = runs.open_for_fit(tmp_path, "last", "version_0", {}, {}, [])  # unless the user names it
         assert run == tmp_path / "version_0" and ckpt == other / "last.ckpt" and read["run"] == "another run's"
     finally:
         run_lock.release()

@@ -280,20 +280,44 @@ def test_an_earlier_versions_checkpoint_inside_an_accumulation_window_is_refused
                                            "batches of 64 images (loader batch 7 of epoch 1: a validation or a stop there")
 
 
-def test_a_resume_that_would_split_cifar_otherwise_is_refused(tmp_path, fake_cifar_session, capsys):
-    """Another --data.val_size or --data.seed would draw other validation images off the training images, some
-    of which the run trained on: refused before training; the same ones resume."""
-    assert train_here(tmp_path, fake_cifar_session, *TINY, "--trainer.max_epochs", "1") == 0
-    last = tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt"
-    split_off = load(last)["CIFAR10DataModule"]["split"]
+def test_a_resume_keeps_cifars_split_in_any_words_and_refuses_another_before_any_work(tmp_path, fake_cifar_session,
+                                                                                       capsys):
+    """The run held out 100 of its 500 training images (--data.val_size 0.2): resumed with the count it means, it
+    trains on. Another --data.val_size or --data.seed would draw other validation images off the training images,
+    some of which the run trained on: refused in one line (exit 2) before any work: W&B (offline here) starts no
+    run in the run folder."""
+    assert train_here(tmp_path, fake_cifar_session, *TINY, "--data.val_size", "0.2", "--trainer.max_epochs", "1") == 0
+    run = tmp_path / "runs/smoke/version_0"
+    last = run / "checkpoints/last.ckpt"
+    before = load(last)
+    assert before["CIFAR10DataModule"]["split"] == {"val_size": 0.2, "seed": 0, "images": 500}
     capsys.readouterr()
-    other = split_off["val_size"] + 10
-    assert train_here(tmp_path, fake_cifar_session, *TINY, "--data.val_size", str(other), "--ckpt_path", "last") == 2
-    given = f"--data.val_size {split_off['val_size']} --data.seed {split_off['seed']}"
-    assert errors_of(capsys) == [
-        f"error: {last.relative_to(tmp_path)}: the run split its validation images off the training images with "
-        f"{given}, and this command has --data.val_size {other} --data.seed {split_off['seed']}, which would validate "
-        f"on images it trained on: resume with {given}, or start a new run"]
-    assert load(last)["epoch"] == 0
-    assert train_here(tmp_path, fake_cifar_session, *TINY, "--ckpt_path", "last") == 0
-    assert load(last)["epoch"] == 1
+    at = TINY.index("--trainer.logger")
+    logged = [*TINY[:at], *TINY[at + 2:]]  # (the recipe's loggers, W&B among them)
+    for other, line in (("--data.val_size 90", "--data.val_size 90 --data.seed 0"),
+                        ("--data.seed 1", "--data.val_size 100 --data.seed 1")):
+        assert train_here(tmp_path, fake_cifar_session, *logged, "--data.val_size", "100", *other.split(),
+                          "--ckpt_path", "last", wandb="offline") == 2
+        assert errors_of(capsys) == [
+            f"error: {last.relative_to(tmp_path)}: the run held out 100 of 500 images for validation with "
+            f"--data.val_size 0.2 --data.seed 0, and this command has {line}, which would hold out others, some of "
+            f"them trained on: resume with --data.val_size 0.2 (or 100) --data.seed 0, or start a new run"]
+        assert not (run / "wandb").exists() and load(last)["global_step"] == before["global_step"]
+    assert train_here(tmp_path, fake_cifar_session, *TINY, "--data.val_size", "100", "--ckpt_path", "last") == 0
+    after = load(last)
+    assert after["epoch"] == 1 and after["global_step"] == 2 * before["global_step"] > 0
+
+
+def test_a_split_that_records_no_image_count_is_kept_as_written():
+    """A checkpoint of an earlier version recorded --data.val_size as given, without the images it split: the
+    same words resume it, other words are refused (what they mean cannot be told)."""
+    from vit.models.checkpoints import check_split
+
+    ckpt = {"CIFAR10DataModule": {"split": {"val_size": 0.2, "seed": 0}}}
+    data = {"class_path": "vit.data.CIFAR10DataModule", "root": "data", "val_size": 0.2, "seed": 0}
+    check_split(ckpt, data, "c.ckpt")
+    check_split(ckpt, {**data, "val_size": 100}, "c.ckpt", testing=True)  # (a test reads the test files alone)
+    with pytest.raises(ConfigError, match=r"^c.ckpt: the run held out its validation images with "
+                                          r"--data.val_size 0.2 --data.seed 0, and this command has --data.val_size "
+                                          r"100 --data.seed 0, .*: resume with --data.val_size 0.2 --data.seed 0, or"):
+        check_split(ckpt, {**data, "val_size": 100}, "c.ckpt")

@@ -56,7 +56,7 @@ def test_a_second_process_ends_at_once_naming_the_holder_and_a_dead_holders_lock
     caplog.set_level(logging.INFO)
     claimed = []
     try:
-        folder, resume = runs.open_for_fit(run.parent, "last", "a", {}, claimed)
+        folder, resume = runs.open_for_fit(run.parent, "last", "a", {}, {}, claimed)
         assert folder == run and resume is None and claimed == []
         assert f"took over {run}: its lock file names pid {holder.pid} on {socket.gethostname()}" in caplog.text
         assert "removed 1 draft(s)" in caplog.text and not draft.exists()  # the holder's drafts only

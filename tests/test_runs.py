@@ -260,14 +260,14 @@ def test_only_process_zero_removes_drafts(tmp_path, monkeypatch):
         assert holder.stdout.readline().strip() == "held"
         monkeypatch.setattr(rank_zero_only, "rank", 1)
         started = time.monotonic()
-        runs.open_for_fit(tmp_path / "runs", "last", "x", {}, [])
+        runs.open_for_fit(tmp_path / "runs", "last", "x", {}, {}, [])
         assert draft.is_file() and time.monotonic() - started < 60  # at once, not after its wait for rank 0
     finally:
         holder.kill()
         holder.wait()
     monkeypatch.setattr(rank_zero_only, "rank", 0)
     try:
-        runs.open_for_fit(tmp_path / "runs", "last", "x", {}, [])
+        runs.open_for_fit(tmp_path / "runs", "last", "x", {}, {}, [])
         assert not draft.exists()
     finally:
         run_lock.release()
@@ -291,9 +291,9 @@ def test_after_cp_r_last_takes_the_newest_checkpoint_that_records_its_time(tmp_p
         os.utime(tmp_path / "copy" / old, (now + 60, now + 60))  # copied last
     assert os.stat(tmp_path / "copy/x/checkpoints/step.ckpt").st_mtime > 1e9  # (a copy's time, not the run's)
     try:
-        run, (path, ckpt) = runs.open_for_fit(tmp_path / "copy", "last", None, {}, [])
+        run, (path, ckpt) = runs.open_for_fit(tmp_path / "copy", "last", None, {}, {}, [])
         assert run == tmp_path / "copy" / "x" and path.name == "step.ckpt" and ckpt["global_step"] == 55
-        run, (path, ckpt) = runs.open_for_fit(tmp_path / "copy", "last", "y", {}, [])  # y has only the old one
+        run, (path, ckpt) = runs.open_for_fit(tmp_path / "copy", "last", "y", {}, {}, [])  # y has only the old one
         assert path.name == "last.ckpt" and ckpt["global_step"] == 90
     finally:
         run_lock.release()
@@ -316,7 +316,7 @@ def test_process_zero_chooses_the_checkpoint_once_it_holds_the_folder(tmp_path, 
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(RunError, match="is in use"):
-            runs.open_for_fit(tmp_path / "runs", "last", "x", {}, [])
+            runs.open_for_fit(tmp_path / "runs", "last", "x", {}, {}, [])
         assert read == []
     finally:
         holder.kill()
@@ -324,7 +324,7 @@ def test_process_zero_chooses_the_checkpoint_once_it_holds_the_folder(tmp_path, 
     monkeypatch.undo()
     no_launcher(monkeypatch)
     try:
-        _, (path, _) = runs.open_for_fit(tmp_path / "runs", "last", "x", {}, [])
+        _, (path, _) = runs.open_for_fit(tmp_path / "runs", "last", "x", {}, {}, [])
         assert path.name == "step.ckpt" and json.loads((run / run_lock.LOCK).read_text())[runs.CHOSEN] == "step.ckpt"
     finally:
         run_lock.release()
@@ -347,7 +347,7 @@ def test_the_other_processes_take_process_zeros_choice(tmp_path, monkeypatch):
                             stdout=subprocess.PIPE, text=True)
     try:
         monkeypatch.setattr(rank_zero_only, "rank", 1)
-        _, (path, ckpt) = runs.open_for_fit(tmp_path / "runs", "last", "x", {}, [])
+        _, (path, ckpt) = runs.open_for_fit(tmp_path / "runs", "last", "x", {}, {}, [])
         assert path.name == "mine.ckpt" and ckpt["global_step"] == 6
         assert zero.stdout.readline().strip() == "held"  # (it had named it before it said so)
     finally:
@@ -357,7 +357,7 @@ def test_the_other_processes_take_process_zeros_choice(tmp_path, monkeypatch):
         monkeypatch.delenv(key)
     monkeypatch.setenv(runs.ENV, str(run))
     monkeypatch.setenv(runs.RESUMES, str(run / runs.CHECKPOINTS / "mine.ckpt"))
-    _, (path, _) = runs.open_for_fit(tmp_path / "runs", "last", None, {}, [])
+    _, (path, _) = runs.open_for_fit(tmp_path / "runs", "last", None, {}, {}, [])
     assert path.name == "mine.ckpt"
 
 

@@ -261,13 +261,14 @@ def place_outputs(cfg, run: Path, known_wandb_id: str | None) -> None:
             callback.init_args.dirpath = str(run / CHECKPOINTS)
 
 
-def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict,
+def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data: dict,
                  claimed: list[Path]) -> tuple[Path, tuple[Path, dict] | None]:
     """The run folder a fit writes into (``resolve``), and the checkpoint it resumes from with its contents
-    (None: a new run), checked to fit the command line's ``arch``; a requeued or restarted launch (its attempt
-    past 0) continues from its own run folder's newest checkpoint, whatever ``ckpt_path`` file its first
-    attempt started from; a folder this call created is appended to
-    ``claimed`` (removed again if the run never starts). Says which in one line.
+    (None: a new run), checked to fit the command line's ``arch`` and to keep its validation split with the
+    command line's ``data`` (vit.models.checkpoints.check_split), before any work; a requeued or restarted launch
+    (its attempt past 0) continues from its own run folder's newest checkpoint, whatever ``ckpt_path`` file its
+    first attempt started from; a folder this call created is appended to ``claimed`` (removed again if the run
+    never starts). Says which in one line.
 
     One process at a time trains in a run folder (vit.cluster.run_lock): process 0 takes the folder before it reads a
     checkpoint there, or ends with a line naming the process that holds it; the other processes of its launch
@@ -278,7 +279,7 @@ def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict
 
     from vit.cluster import run_lock
     from vit.cluster.checkpoint_io import remove_drafts
-    from vit.models.checkpoints import check_clock, check_fits
+    from vit.models.checkpoints import check_clock, check_fits, check_split
 
     fixed = name or launch_name()
     if ckpt_path not in (None, "last") and attempt() != "0" and fixed and last_checkpoint(root / fixed):
@@ -289,6 +290,7 @@ def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict
     if given is not None:
         check_fits(given, arch, ckpt_path)
         check_clock(given, ckpt_path)
+        check_split(given, data, ckpt_path)
     existed = set(root.iterdir()) if root.is_dir() else set()
     run, note, found = resolve(root, ckpt_path, name)
     told = None
@@ -312,6 +314,7 @@ def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict
         ckpt = ckpt or read_checkpoint(resume_from)
         check_fits(ckpt, arch, ckpt_path)
         check_clock(ckpt, resume_from)
+        check_split(ckpt, data, resume_from)
         resume = (resume_from, ckpt)
     rank_zero_info(note or f"run folder: {run}")
     if rank_zero_only.rank == 0 and (drafts := remove_drafts(run / CHECKPOINTS)):

@@ -35,7 +35,7 @@ from vit.training import commits, loggers, results
 from vit.training.callbacks import LogConfig, run_callbacks
 from vit.training.guards import StopAfterMinutes, Watchdog
 from vit.training.progress import ProgressBar
-from vit.models.checkpoints import check_clock, old_option, read_checkpoint, refuse_removed
+from vit.models.checkpoints import check_clock, check_split, old_option, read_checkpoint, refuse_removed
 from vit.data.datamodules import split_batch
 from vit.exits import ConfigError, Stopped
 from vit.training.loggers import quiet_lightning
@@ -225,18 +225,21 @@ class ViTCLI(LightningCLI):
         if str(cfg.trainer.accelerator) in ("auto", "gpu", "cuda"):
             gpus.check_gpus_usable()
         root = Path(cfg.trainer.default_root_dir or runs.runs_folder() / configs.recipe_name(self.argv))
+        data = {"class_path": cfg.data.class_path, **vars(cfg.data.init_args)}  # (vit.models.checkpoints.check_split)
         if self.mode == "test":
             if not cfg.ckpt_path or cfg.ckpt_path == "last":
                 raise ConfigError("test needs --ckpt_path CKPT, the checkpoint file to evaluate")
             ckpt = read_checkpoint(cfg.ckpt_path)
             refuse_removed(ckpt, cfg.ckpt_path, resume=False)
             check_clock(ckpt, cfg.ckpt_path, testing=True)
+            check_split(ckpt, data, cfg.ckpt_path, testing=True)
             hparams = {k: v for k, v in ckpt.get("hyper_parameters", {}).items() if not k.startswith("_")}
             self.config = cfg = self.parser.parse_object({"model": hparams}, cfg)  # the checkpoint's model
             run = runs.run_of(Path(cfg.ckpt_path)) or runs.claim_new_version(root)
             self.resume = (Path(cfg.ckpt_path), ckpt)
         else:
-            run, self.resume = runs.open_for_fit(root, cfg.ckpt_path, cfg.run, vars(cfg.model.arch), self.claimed)
+            run, self.resume = runs.open_for_fit(root, cfg.ckpt_path, cfg.run, vars(cfg.model.arch), data,
+                                                 self.claimed)
             launch.apply_allocation(cfg.trainer)
         os.environ[runs.ENV] = str(run)  # the processes Lightning's DDP launcher starts use this folder too
         os.environ[runs.RESUMES] = str(self.resume[0]) if self.resume else ""  # and this checkpoint

@@ -31,8 +31,9 @@ from torchvision.transforms import v2
 
 from vit.data import cifar, folder_index
 from vit.data.cifar import DatasetError
-from vit.exits import CheckpointError, ConfigError
+from vit.exits import ConfigError
 from vit.data.images import ImageError, load_image
+from vit.models.checkpoints import EARLIER, held_out_count
 from vit.models.preprocessing import resize
 from vit.data.resume import DataPosition, EpochOrder, SeededSamples
 
@@ -192,8 +193,7 @@ class ImageDataModule(L.LightningDataModule):
 
     def split(self, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Stratified (train, validation) indices; ``val_size`` as a count or a fraction."""
-        count = self.val_size if isinstance(self.val_size, int) else max(1, round(self.val_size * len(labels)))
-        return stratified_split(labels, count, self.seed)
+        return stratified_split(labels, held_out_count(self.val_size, len(labels)), self.seed)
 
     def process_batch(self, train: bool = True) -> int:
         """This process's share of the global batch (``batch_size`` over the Trainer's processes; in training,
@@ -330,22 +330,12 @@ class CIFAR10DataModule(ImageDataModule):
                                                self.eval_transform())
 
     def state_dict(self) -> dict:
-        """The data's position, and how the validation images were split off (``split``), which a resume keeps."""
-        return {**super().state_dict(), "split": {"val_size": self.val_size, "seed": self.seed}}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        """A resume that would split the validation images otherwise (and so validate on images the run trained
-        on) is refused in one line; testing, which reads the test files alone, is not."""
-        super().load_state_dict(state_dict)
-        theirs = state_dict.get("split")
-        testing = self.trainer is not None and self.trainer.state.fn == "test"
-        if not isinstance(theirs, dict) or testing or theirs == {"val_size": self.val_size, "seed": self.seed}:
-            return
-        name = (self.trainer.ckpt_path if self.trainer is not None else None) or "the checkpoint"
-        given = f"--data.val_size {theirs.get('val_size')} --data.seed {theirs.get('seed')}"
-        raise ConfigError(f"{name}: the run split its validation images off the training images with {given}, and "
-                          f"this command has --data.val_size {self.val_size} --data.seed {self.seed}, which would "
-                          f"validate on images it trained on: resume with {given}, or start a new run")
+        """The data's position, and how the validation images were split off the ``images`` (``split``), which a
+        resume keeps (vit.models.checkpoints.check_split)."""
+        split = {"val_size": self.val_size, "seed": self.seed}
+        if hasattr(self, "val_set"):
+            split["images"] = len(self.train_set) + len(self.val_set)
+        return {**super().state_dict(), "split": split}
 
     @property
     def num_classes(self) -> int:
@@ -492,18 +482,6 @@ class ClassFolder(ImageFolder):
         return self.transform(image), target
 
 
-EARLIER = "drawn at each start"  # the split of a checkpoint an earlier version wrote: drawn as it drew it
-
-
-def well_formed(held_out: dict) -> bool:
-    """Whether a checkpoint's ``held_out`` is a drawn split as ``ImageFolderDataModule`` writes it."""
-    return (held_out.keys() == {"seed", "val_size", "classes", "limits"} and isinstance(held_out["seed"], int)
-            and isinstance(held_out["val_size"], (int, float)) and isinstance(held_out["classes"], list)
-            and isinstance(held_out["limits"], list) and len(held_out["classes"]) == len(held_out["limits"])
-            and all(isinstance(c, str) for c in held_out["classes"])
-            and all(v is None or isinstance(v, int) and -2**63 <= v < 2**63 for v in held_out["limits"]))
-
-
 class ImageFolderDataModule(ImageDataModule):
     """Your own images, one folder per class: ``root/train/<class>/*``, optionally ``root/val/`` and
     ``root/test/`` with the same class folders. Without ``val/``, ``val_size`` of ``train/`` is held out
@@ -615,13 +593,13 @@ class ImageFolderDataModule(ImageDataModule):
         counts = torch.bincount(self.labels, minlength=self.num_classes)
         ends = torch.cumsum(counts, 0) - counts + taken - 1
         limits = [self.keys[order[end]].item() if k else None for end, k in zip(ends.tolist(), taken.tolist())]
-        return {"seed": self.seed, "val_size": self.val_size, "classes": list(self.classes), "limits": limits}
+        return {"seed": self.seed, "val_size": self.val_size, "classes": list(self.classes), "limits": limits,
+                "images": len(self.labels)}
 
     def _take(self, held_out: dict | str) -> None:
         """Hold out the validation images ``held_out`` names (``"val/"``: the val/ folder; ``EARLIER``: the
-        split of an earlier version's checkpoint), or refuse a checkpoint's split that this folder and command
-        line cannot keep (``check_held_out``)."""
-        self.check_held_out(held_out)
+        split of an earlier version's checkpoint). vit-train has refused a checkpoint's split that this folder and
+        command line cannot keep before any work (vit.models.checkpoints.check_split)."""
         if held_out == EARLIER and self.held_out == "val/":
             held_out = "val/"  # (what the earlier version validated on too)
         said, self.held_out = self.held_out == EARLIER, held_out
@@ -647,33 +625,6 @@ class ImageFolderDataModule(ImageDataModule):
         self.train_set = Subset(self.whole, (~held).nonzero().flatten().tolist())
         self.val_set = Subset(held_out_images, held.nonzero().flatten().tolist())
         self.test_set = self.test_set if isinstance(self.test_set, ClassFolder) else self.val_set
-
-    def check_held_out(self, held_out) -> None:
-        """A checkpoint's split (``held_out``: its ``held_out`` state) that this start cannot keep is refused in
-        one line: kept, no image the run trained on is ever held out for validation."""
-        if held_out is self.held_out:
-            return
-        name = self._checkpoint()
-        drawn = isinstance(held_out, dict)
-        if not (well_formed(held_out) if drawn else held_out in ("val/", EARLIER)):
-            raise CheckpointError(f"{name}: its validation split (held_out) is not one this version wrote: "
-                                  f"start a new run")
-        if held_out == "val/" and self.held_out != "val/":
-            raise DatasetError(f"{name}: the run validated on {self.root / 'val'}, which is gone: put it back, or "
-                               f"start a new run (without val/, the validation images come from train/, which "
-                               f"the run trained on)")
-        if drawn and self.held_out == "val/":
-            raise DatasetError(f"{name}: the run drew its validation images from {self.root / 'train'}, and "
-                               f"{self.root / 'val'} now exists: remove val/ to resume, or start a new run")
-        if drawn and held_out["classes"] != self.classes:
-            raise DatasetError(f"{name}: the run's classes were {', '.join(held_out['classes'])}, and "
-                               f"{self.root / 'train'} now has {', '.join(self.classes)}: put the class folders "
-                               f"back as they were, or start a new run")
-        if drawn and (held_out["val_size"], held_out["seed"]) != (self.val_size, self.seed):
-            theirs = f"--data.val_size {held_out['val_size']} --data.seed {held_out['seed']}"
-            raise ConfigError(f"{name}: the run drew its validation images with {theirs}, and this command has "
-                              f"--data.val_size {self.val_size} --data.seed {self.seed}: resume with {theirs} "
-                              f"(images added to or removed from train/ move no other image), or start a new run")
 
     def _checkpoint(self) -> str:
         """The checkpoint being restored, as the user named it."""

@@ -8,7 +8,7 @@ import pickle
 from pathlib import Path
 from typing import NamedTuple
 
-from vit.exits import CheckpointError
+from vit.exits import CheckpointError, ConfigError, DatasetError
 
 __all__ = ["CheckpointError", "read_checkpoint", "upgrade"]
 
@@ -207,3 +207,75 @@ def check_clock(ckpt: dict, name, testing: bool = False) -> None:
         then = "test another checkpoint" if testing else "resume from another checkpoint of the run, or start a new run"
         raise CheckpointError(f"{name}: its training clock (TrainingClock) is not as this program writes it ({what}): "
                               f"{then}")
+
+
+EARLIER = "drawn at each start"  # an image folder's split kept from an earlier version's checkpoint: drawn as then
+
+
+def held_out_count(val_size: int | float, images: int) -> int:
+    """The validation images ``--data.val_size`` holds out of ``images``: a count as given, a fraction's share (1 at
+    least)."""
+    return val_size if isinstance(val_size, int) else max(1, round(val_size * images))
+
+
+def well_formed(held_out) -> bool:
+    """Whether an image folder's ``held_out`` state is a drawn split as vit.data.datamodules.ImageFolderDataModule
+    writes it (``images``: the images it was drawn over, which an earlier version did not record)."""
+    keys = {"seed", "val_size", "classes", "limits"}
+    return (isinstance(held_out, dict) and held_out.keys() in (keys, keys | {"images"})
+            and isinstance(held_out["seed"], int) and isinstance(held_out["val_size"], (int, float))
+            and isinstance(held_out.get("images", 1), int) and isinstance(held_out["classes"], list)
+            and isinstance(held_out["limits"], list) and len(held_out["classes"]) == len(held_out["limits"])
+            and all(isinstance(c, str) for c in held_out["classes"])
+            and all(v is None or isinstance(v, int) and -2**63 <= v < 2**63 for v in held_out["limits"]))
+
+
+def check_split(ckpt: dict, data: dict, name, testing: bool = False) -> None:
+    """A resume (or a test of an image folder's held-out images) whose validation split is not the checkpoint's,
+    refused in one line before any work (W&B, the folder's index, a device): it would validate on images the run
+    trained on. ``data``: the command line's data module (``class_path`` and its arguments). The split the
+    checkpoint records (its data module's state: CIFAR-10's ``split``, an image folder's ``held_out``) decides;
+    a ``--data.val_size`` that holds out as many of the images it was drawn over (a fraction or the count it
+    means) and the same ``--data.seed`` keep it. An image folder's split must also find the folder as it left
+    it: the same class folders, and val/ where it validated on val/, none where it drew from train/."""
+    state = ckpt.get(str(data.get("class_path", "")).rsplit(".", 1)[-1])
+    state = state if isinstance(state, dict) else {}
+    root = Path(str(data.get("root")))
+    if "held_out" in state and not (testing and (root / "test").is_dir()):  # (a test/ folder: the split tests nothing)
+        recorded = state["held_out"]
+    elif isinstance(state.get("split"), dict) and not testing:  # (CIFAR-10's test reads the test files alone)
+        recorded = state["split"]
+    else:
+        return
+    if "held_out" in state:
+        drawn, val = isinstance(recorded, dict), (root / "val").is_dir()
+        train = root / "train"
+        classes = sorted(d.name for d in train.iterdir() if d.is_dir()) if train.is_dir() else None
+        if not (well_formed(recorded) if drawn else recorded in ("val/", EARLIER)):
+            raise CheckpointError(f"{name}: its validation split (held_out) is not one this version wrote: "
+                                  f"start a new run")
+        if recorded == "val/" and not val:
+            raise DatasetError(f"{name}: the run validated on {root / 'val'}, which is gone: put it back, or start a "
+                               f"new run (without val/, the validation images come from train/, which the run "
+                               f"trained on)")
+        if drawn and val:
+            raise DatasetError(f"{name}: the run drew its validation images from {train}, and {root / 'val'} now "
+                               f"exists: remove val/ to resume, or start a new run")
+        if drawn and classes is not None and recorded["classes"] != classes:
+            raise DatasetError(f"{name}: the run's classes were {', '.join(recorded['classes'])}, and {train} now "
+                               f"has {', '.join(classes)}: put the class folders back as they were, or start a new run")
+        if not drawn:
+            return
+    theirs, seed, images = recorded.get("val_size"), recorded.get("seed"), recorded.get("images")
+    ours = (data.get("val_size"), data.get("seed"))
+    numbers = isinstance(images, int) and all(isinstance(v, (int, float)) for v in (theirs, ours[0]))
+    if ours == (theirs, seed) or numbers and ours[1] == seed and \
+            held_out_count(ours[0], images) == held_out_count(theirs, images):
+        return
+    count = held_out_count(theirs, images) if numbers else None
+    what = f"{count:,} of {images:,} images for validation" if numbers else "its validation images"
+    alike = f" (or {count})" if numbers and count != theirs else ""
+    raise ConfigError(f"{name}: the run held out {what} with --data.val_size {theirs} --data.seed "
+                      f"{seed}, and this command has --data.val_size {ours[0]} --data.seed {ours[1]}, which would "
+                      f"hold out others, some of them trained on: resume with --data.val_size {theirs}{alike} "
+                      f"--data.seed {seed}, or start a new run")
