@@ -39,7 +39,8 @@ def test_every_slurm_job_has_its_own_run_name_even_with_one_task(no_launcher):
 def test_a_one_task_job_resumes_only_its_own_run(no_launcher, tmp_path):
     other = tmp_path / "version_0" / "checkpoints"
     other.mkdir(parents=True)
-    torch.save({"state_dict": {}, "run": "another run's"}, other / "last.ckpt")
+    torch.save({"state_dict": {}, "run": "another run's", "callbacks": {"TrainingClock": {"steps": 0}},
+                "CIFAR10DataModule": {"epoch": 0, "images": 0, "skipped_images": 0}}, other / "last.ckpt")
     no_launcher.setenv("SLURM_JOB_ID", "6")
     no_launcher.setenv("SLURM_NTASKS", "1")
     try:

@@ -12,7 +12,7 @@ import torch
 
 from helpers import QUIET, TESTS, errors_of, load, train_here
 from vit.exits import ConfigError
-from vit.data.resume import (DataPosition, check_global_batch, earlier_accumulation, earlier_global_batch)
+from vit.data.resume import DataPosition, check_global_batch
 
 TINY = ["--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2", "--trainer.max_epochs", "2",
         "--trainer.logger", "false", "--test_after_fit", "false", *QUIET]
@@ -206,78 +206,26 @@ def test_the_data_position_refuses_a_place_between_two_batches_instead_of_roundi
 OLD = TESTS / "data" / "flat-options.ckpt"
 
 
-def test_an_earlier_versions_global_batch_and_accumulation_are_read_back():
-    """tests/data/flat-options.ckpt: 80 images in 4 steps of 20 (its TrainingClock), and lr 0.01 stated for 128
-    scaled to 0.0015625 (its scheduler): 20, with the options flat as it wrote them and grouped as they are read."""
-    from vit.models.checkpoints import read_checkpoint
-
-    raw = torch.load(OLD, map_location="cpu", weights_only=False)
-    assert "batches" in raw["CIFAR10DataModule"] and "step_images" not in raw["CIFAR10DataModule"]
-    for ckpt in (raw, read_checkpoint(OLD)):
-        assert earlier_global_batch(ckpt) == 20 and earlier_accumulation(ckpt, 20) == 1
-        del ckpt["callbacks"]["TrainingClock"]
-        assert earlier_global_batch(ckpt) == 20  # the learning rate's scaling alone
-        ckpt["lr_schedulers"] = []
-        assert earlier_global_batch(ckpt) is None
-    loops = {"fit_loop": {"epoch_loop.batch_progress": {"total": {"processed": 7}}}}
-    assert earlier_accumulation({"global_step": 1, "loops": loops}, 128) == 4  # (3 batches into step 2)
-    assert earlier_accumulation({"global_step": 1, "loops": loops}, None) is None  # 4, 5, 6 or 7
-
-
-def test_the_earlier_versions_checkpoint_resumes_at_its_global_batch_only(tmp_path, capsys):
-    """The real old-format checkpoint (an epoch's end) at --data.batch_size 40: refused before training."""
+def test_an_earlier_versions_checkpoint_is_refused_in_one_line_before_any_work_and_tests_as_before(tmp_path, capsys):
+    """tests/data/flat-options.ckpt kept its place in the data in loader batches: no run continues it exactly (its
+    split was recorded nowhere), so a resume is refused in one line, before any work; a test of it still runs."""
     from helpers import make_fake_cifar
 
+    raw = torch.load(OLD, map_location="cpu", weights_only=False)
+    assert "batches" in raw["CIFAR10DataModule"] and "images" not in raw["CIFAR10DataModule"]
     data = ["--data.root", str(make_fake_cifar(tmp_path, 20, 40, 0)), "--data.val_size", "20", "--data.num_workers",
             "0", "--trainer.logger", "false", *QUIET]
     arch = ["--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads", "2", "--model.arch.patch_size",
             "8", "--model.arch.mlp_ratio", "2"]
-    assert train_here(tmp_path, None, "--ckpt_path", str(OLD), *data, *arch, "--data.batch_size", "40",
-                      "--trainer.max_epochs", "2") == 2
-    assert errors_of(capsys) == [
-        f"error: {OLD}: written with a global batch of 20 images per optimizer step, and this "
-        "run's is 40 (--data.batch_size 40 × --trainer.accumulate_grad_batches 1): resume it with --data.batch_size × "
-        "--trainer.accumulate_grad_batches = 20, or start a new run"]
-
-
-def test_an_earlier_versions_mid_epoch_checkpoint_is_refused_at_another_global_batch(tmp_path, fake_cifar_session,
-                                                                                     capsys):
-    """The checkpoint of step 3 at 64 × 1 (mid-epoch), its position written as the earlier version did (3 loader batches):
-    resumed at 128 × 1 it would start at image 384 instead of 192. Refused, naming the split it was written in;
-    without a record of its global batch, refused in every split."""
-    assert train_here(tmp_path, fake_cifar_session, *TINY, *split(64, 1), "--trainer.max_steps", "3") == 0
-    path = tmp_path / "runs/smoke/version_0/checkpoints/last.ckpt"  # (Lightning's, where max_steps stopped it)
-    ckpt = load(path)
-    state = ckpt["CIFAR10DataModule"]
-    assert ckpt["global_step"] == 3 and state["images"] == 3 * 64
-    ckpt["CIFAR10DataModule"] = {"train_epochs": state["train_epochs"], "epoch": state["epoch"], "batches": 3,
-                                 "skipped": 0}  # as the earlier version wrote it
-    torch.save(ckpt, path)
-    capsys.readouterr()
-    name = path.relative_to(tmp_path)
-    assert train_here(tmp_path, fake_cifar_session, *TINY, *split(128, 1), "--ckpt_path", "last") == 2
-    assert errors_of(capsys) == [
-        f"error: {name}: written with a global batch of 64 images per optimizer step, and this "
-        "run's is 128 (--data.batch_size 128 × --trainer.accumulate_grad_batches 1): resume it with --data.batch_size "
-        "64 --trainer.accumulate_grad_batches 1, or start a new run"]
-
-    unknown = "c.ckpt: written mid-epoch, its place in the data counted in its own loader batches (batch 3 of epoch 0)"
-    assert refused(ckpt, 64, 1) is None  # as written
-    del ckpt["callbacks"]["TrainingClock"]
-    ckpt["lr_schedulers"] = []
-    for batch, accumulate in ((64, 1), (128, 1), (32, 2)):
-        assert refused(ckpt, batch, accumulate).startswith(unknown)
-    ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]["is_last_batch"] = True
-    assert refused(ckpt, 64, 1) is None  # (an epoch's end: nothing to place)
-
-
-def test_an_earlier_versions_checkpoint_inside_an_accumulation_window_is_refused():
-    """9 steps of 2 batches of 64 and 1 batch more: a validation inside step 10 wrote it."""
-    ckpt = checkpoint({"train_epochs": 2, "epoch": 1, "batches": 7, "skipped": 0}, global_step=9,
-                      callbacks={"TrainingClock": {"train_images": 9 * 128, "steps": 9}})
-    ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"] = {"processed": 19}
-    assert refused(ckpt, 64, 2).startswith("c.ckpt: written inside an optimizer step, after 1 of its 2 loader "
-                                           "batches of 64 images (loader batch 7 of epoch 1: a validation or a stop there")
+    for batch in ("20", "40"):
+        assert train_here(tmp_path, None, "--ckpt_path", str(OLD), *data, *arch, "--data.batch_size", batch,
+                          "--trainer.max_epochs", "2") == 2
+        assert errors_of(capsys) == [
+            f"error: {OLD}: written by an earlier version, which did not record its training clock and its place in "
+            "the data in images, so no run continues it exactly: test, classify, roll out or export it, or start a "
+            "new run"]
+    assert not list(tmp_path.glob("runs/smoke/*/checkpoints/*.ckpt"))  # nothing trained
+    assert train_here(tmp_path, None, "test", "--ckpt_path", str(OLD), *data) == 0
 
 
 def test_a_resume_keeps_cifars_split_in_any_words_and_refuses_another_before_any_work(tmp_path, fake_cifar_session,

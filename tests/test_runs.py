@@ -34,9 +34,11 @@ def write(path, step: int, saved: float | None = None, mtime: float = 0.0, size:
     its file's modification time set to ``mtime`` (a copy's); ``best``: the best checkpoint its monitoring
     ModelCheckpoint had recorded (as Lightning keeps it in the callbacks' state)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    ckpt = {"state_dict": {"w": torch.full((size,), float(step))}, "global_step": step}
+    ckpt = {"state_dict": {"w": torch.full((size,), float(step))}, "global_step": step,
+            "CIFAR10DataModule": {"epoch": 0, "images": 0, "skipped_images": 0, "epoch_end": True},
+            "callbacks": {"TrainingClock": {"steps": step}}}  # (what vit-train resumes: its clock and position)
     if best is not None:
-        ckpt["callbacks"] = {"ModelCheckpoint{'monitor': 'val/acc'}": {"monitor": "val/acc", "best_model_path": best},
+        ckpt["callbacks"] |= {"ModelCheckpoint{'monitor': 'val/acc'}": {"monitor": "val/acc", "best_model_path": best},
                              "ModelCheckpoint{'monitor': None}": {"monitor": None, "best_model_path": ""}}
     torch.save(ckpt if saved is None else {**ckpt, "saved_at": saved}, path)
     os.utime(path, (mtime, mtime))

@@ -33,7 +33,6 @@ import torch
 from torch.utils.data import Dataset, DistributedSampler
 
 from vit.exits import ConfigError
-from vit.models.checkpoints import clock_state
 from vit.data.seeding import epoch_seed
 
 
@@ -60,9 +59,7 @@ class DataPosition:
     def __init__(self):
         self.epochs = 0  # iterators made
         self.epoch = 0  # the newest iterator's epoch
-        # (epoch, position, of it skipped, images per unit: 1, or None for a checkpoint that counted this run's
-        # loader batches) of a mid-epoch checkpoint
-        self.resume_at: tuple[int, int, int, int | None] | None = None
+        self.resume_at: tuple[int, int, int] | None = None  # (epoch, image, of them skipped) of a mid-epoch checkpoint
         self.batches = 0  # the newest iterator's length, in loader batches (skipped ones included)
         self.yielded = 0  # batches the newest iterator has given the loop, counted as the loop counts its epoch
         self.skipped: list[int] = []  # of the newest iterator's skipped batches, ``yielded`` when each was skipped
@@ -73,15 +70,14 @@ class DataPosition:
         rounded down (vit-train refuses it before training: ``check_position``; this is the last guard)."""
         resume, self.resume_at = self.resume_at, None
         if resume is not None:
-            epoch, position, skipped, per = resume
-            unit = batch_images // (per or batch_images)  # (the position's unit, in images, per batch)
-            if 0 < position < batches * unit and (position % unit or skipped % unit):
+            epoch, position, skipped = resume
+            if 0 < position < batches * batch_images and (position % batch_images or skipped % batch_images):
                 among = f" ({skipped} of them in skipped batches)" if skipped else ""
                 raise ConfigError(f"the checkpoint's place in the data, image {position} of epoch {epoch}{among}, is "
                                   f"not a whole number of this run's loader batches of {batch_images} images: resume "
                                   f"it with the --data.batch_size and --trainer.accumulate_grad_batches it was "
                                   f"written with")
-            start, skipped = position // unit, skipped // unit
+            start, skipped = position // batch_images, skipped // batch_images
         if resume is not None and 0 < start < batches:
             self.epoch = epoch
         else:
@@ -107,14 +103,9 @@ class DataPosition:
 
     def load_state_dict(self, state: dict) -> None:
         self.epochs = state.get("train_epochs", 0)
-        if state.get("epoch_end") is True:  # (the next iterator starts the next epoch)
-            self.resume_at = None
-        elif "images" in state:
-            self.resume_at = (state["epoch"], state["images"], state["skipped_images"], 1)
-        elif "batches" in state:  # (written before positions were kept in images: this run's loader batches)
-            self.resume_at = (state["epoch"], state["batches"], state.get("skipped", 0), None)
-        else:
-            self.resume_at = None
+        self.resume_at = None  # (at an epoch's end the next iterator starts the next epoch; vit-train resumes no
+        if state.get("epoch_end") is not True and "images" in state:  # checkpoint without images: check_clock)
+            self.resume_at = (state["epoch"], state["images"], state["skipped_images"])
 
 
 def check_global_batch(ckpt: dict, datamodule, accumulate: int, name: str | None = None) -> None:
@@ -128,9 +119,6 @@ def check_global_batch(ckpt: dict, datamodule, accumulate: int, name: str | None
     batch = getattr(datamodule, "batch_size", None)
     batch = batch if isinstance(batch, int) else None
     name = name or "the checkpoint"
-    if "batches" in state:  # an earlier version's, in its own loader batches
-        check_earlier_version(ckpt, state, batch, accumulate, name)
-        return
     theirs = state.get("step_images")
     if theirs is None or batch is None:
         return
@@ -203,83 +191,6 @@ def refuse_inside_step(name: str, done: int, per_step: int, batch: int, position
                       f"and a checkpoint holds no gradients summed before it, so no split resumes it exactly: resume "
                       f"from a checkpoint written at a step's end (--ckpt_path {step} where the run has one, or an "
                       f"epoch's end)")
-
-
-def earlier_global_batch(ckpt: dict) -> int | None:
-    """The global batch (images per optimizer step) of a checkpoint of an earlier version, which did not record
-    it beside its data position: vit.training.callbacks.TrainingClock's images trained over its optimizer steps (every
-    version since the data position was kept counted both, at the global batch), or else the learning rate's
-    scaling (``lr × global batch / lr_batch_size``, which every version applied: the scheduler's base value of
-    the AdamW groups, the last ones, over the options' lr). Both are of the whole run, resumes included: of a run
-    that an earlier version resumed with another global batch (it did not refuse one) the clock gives the mean
-    (seldom a whole number) and the scheduler the first; such a run's data position was already misplaced by
-    that resume. None: neither reads as a whole number (then a mid-epoch resume is refused:
-    ``check_earlier_version``)."""
-    clock = clock_state(ckpt)
-    clock = clock if isinstance(clock, dict) else {}
-    images, steps = clock.get("train_images"), clock.get("steps")
-    if isinstance(images, int) and isinstance(steps, int) and steps > 0 and images % steps == 0:
-        return images // steps
-    hparams = dig(ckpt, "hyper_parameters")
-    options = dig(hparams, "optimizer") or hparams  # (grouped, or flat as they were once written)
-    lr, stated = options.get("lr"), options.get("lr_batch_size")
-    schedulers = ckpt.get("lr_schedulers")
-    first = schedulers[0] if isinstance(schedulers, list) and schedulers and isinstance(schedulers[0], dict) else {}
-    values = first.get("base_values")
-    base = values[-1] if isinstance(values, list) and values else None
-    if not all(isinstance(x, (int, float)) and x > 0 for x in (lr, stated, base)):
-        return None
-    batch = base * stated / lr
-    return round(batch) if round(batch) > 0 and abs(batch - round(batch)) <= 1e-6 * batch else None
-
-
-def earlier_accumulation(ckpt: dict, global_batch: int | None) -> int | None:
-    """The batches per optimizer step of a checkpoint of an earlier version: every epoch is whole optimizer
-    steps, so its loop's batches are ``steps × k`` and, where a validation inside an accumulation window wrote
-    it, fewer than ``k`` more; of the ``k`` that fit (and split the global batch, where known), the one. None:
-    none or several fit."""
-    batches = dig(ckpt, "loops", "fit_loop", "epoch_loop.batch_progress", "total").get("processed")
-    steps = ckpt.get("global_step")
-    if not isinstance(batches, int) or not isinstance(steps, int) or steps <= 0 or batches < steps:
-        return None
-    fit = [k for k in range(batches // (steps + 1) + 1, batches // steps + 1)
-           if batches // k == steps and (global_batch is None or global_batch % k == 0)]
-    return fit[0] if len(fit) == 1 else None
-
-
-def check_earlier_version(ckpt: dict, state: dict, batch: int | None, accumulate: int, name: str) -> None:
-    """A checkpoint of an earlier version counted the data's position in its own loader batches and recorded
-    neither its global batch nor its split: resumed with both, those batches are this run's (however the
-    processes share them). Both are read back where the checkpoint tells them (``earlier_global_batch``,
-    ``earlier_accumulation``); another global batch or accumulation is refused in one line. A mid-epoch one
-    whose split cannot be read back is refused too, rather than resumed on the chance that the command line
-    is right: resumed in another split it would continue at another image without a word. Its accumulation
-    is kept at an epoch's end too: the position, in its loader batches, is counted in the resumed run's."""
-    theirs = earlier_global_batch(ckpt)
-    k = earlier_accumulation(ckpt, theirs)
-    written = f"--data.batch_size {theirs // k} --trainer.accumulate_grad_batches {k}" if theirs and k else None
-    batches, skipped, epoch = state.get("batches", 0), state.get("skipped", 0), state.get("epoch")
-    mid = isinstance(batches, int) and isinstance(skipped, int) and mid_epoch(ckpt, state, batches)
-    if mid and written is None:
-        known = (f" (its global batch: {theirs} images per optimizer step)" if theirs else
-                 f" (its --trainer.accumulate_grad_batches: {k})" if k else "")
-        raise ConfigError(f"{name}: written mid-epoch, its place in the data counted in its own loader batches "
-                          f"(batch {batches} of epoch {epoch}) and its --data.batch_size and "
-                          f"--trainer.accumulate_grad_batches recorded nowhere it can be read from{known}, so this run "
-                          f"cannot continue at its image: resume the run from a checkpoint of an epoch's end "
-                          f"(--ckpt_path FILE), or start a new run")
-    if mid and (batches - skipped) % k:
-        refuse_inside_step(name, (batches - skipped) % k, k, theirs // k, batches, "loader batch", epoch)
-    if k is not None and k != accumulate:
-        how = written or f"--trainer.accumulate_grad_batches {k} and the --data.batch_size it was written with"
-        raise ConfigError(f"{name}: written with --trainer.accumulate_grad_batches {k}, its place in the data counted "
-                          f"in its own loader batches: resume it with {how}")
-    if theirs is not None and batch is not None and theirs != batch * accumulate:
-        how = written if mid else f"--data.batch_size × --trainer.accumulate_grad_batches = {theirs}"
-        raise ConfigError(f"{name}: written with a global batch of {theirs} images per "
-                          f"optimizer step, and this run's is {batch * accumulate} (--data.batch_size {batch} × "
-                          f"--trainer.accumulate_grad_batches {accumulate}): resume it with {how}, or start a "
-                          f"new run")
 
 
 def batch_images(trainer) -> int | None:

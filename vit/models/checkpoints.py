@@ -180,10 +180,16 @@ CLOCK_FIGURES = ("training_seconds", "epochs", "wall_seconds", "validation_secon
 
 def check_clock(ckpt: dict, name, testing: bool = False) -> None:
     """A checkpoint's training clock as TrainingClock writes it, or one line before any work (CheckpointError):
-    an edited or crafted one would stop the run part way with a traceback, or its values would reach the record.
+    an edited or crafted one would stop the run part way with a traceback, or its values would reach the record;
+    a checkpoint to resume (not ``testing``) holds it and the data's position in images, or it is refused.
     A figure an earlier version did not write may be missing; its ``trees`` are read leniently (an entry not as
     vit.training.commits.code writes it is code not known)."""
     state = clock_state(ckpt)
+    positions = [v for k, v in ckpt.items() if k.endswith("DataModule") and isinstance(v, dict)]
+    if not testing and (state is None or not positions or any("images" not in v for v in positions)):
+        raise CheckpointError(f"{name}: written by an earlier version, which did not record its training clock and "
+                              f"its place in the data in images, so no run continues it exactly: test, classify, "
+                              f"roll out or export it, or start a new run")
     if state is None:
         return
 
