@@ -415,6 +415,8 @@ def test_a_commits_checkout_is_made_whole_under_runs_checkouts_linked_to_its_rec
     assert tree == tmp_path / "runs" / ".checkouts" / old[:7] and not stale.exists()
     assert (tree / "vit" / "configs" / "cpu.yaml").read_text() == "old: 1\n"  # its recipes, as its package's
     assert git("rev-parse", "HEAD", cwd=tree) == old
+    from vit.training import commits
+    assert commits.tree(tree) == ({"commit": old, "dirty": False}, None)  # its link is not a change to its code
     write(tree / "marker", "")
     assert runner.tree(plans.Run("t", "b", "b", (), commit=old)) == tree and (tree / "marker").exists()
     with pytest.raises(plans.PlanFailed, match=r"t/c runs commit 0{40}, which this clone does not have") as e:
