@@ -277,6 +277,12 @@ def test_a_table_marks_a_row_with_a_record_made_from_uncommitted_changes_and_say
     rows = [line for line in out.splitlines() if line.startswith(("| the toy recipe", "| + no weight decay"))]
     assert len(rows) == 2 and "| 2 of 2† | 50.00" in rows[0] and "| 2 of 2 | 50.00" in rows[1], out
     assert "† made from uncommitted changes to `0123456`; the diff was not kept." in out
+    (folder / "nowd-s0" / "results.json").write_text(json.dumps({**record, "dirty": None} | configured(plan, "nowd-s0")))
+    assert main(["table", str(plan), "--runs", "runs"]) == 0  # its code state not known: marked too
+    out = capsys.readouterr().out
+    assert "| + no weight decay | `--model.optimizer.weight_decay 0` | 2 of 2¶ | 50.00" in out, out
+    assert "¶ code state unknown: whether uncommitted changes made [results](runs/grid/nowd-s0/results.json) is " \
+           "not known" in out
     (folder / "base-s1" / "results.diff").write_text("diff --git a/x b/x\n")
     (folder / "base-s1" / "results.json").write_text(json.dumps({**record, "dirty": True, "diff": "results.diff"}
                                                                 | configured(plan, "base-s1")))
