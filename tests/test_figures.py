@@ -114,7 +114,8 @@ def run_record(**fields) -> dict:
 
 def test_a_record_made_from_uncommitted_changes_is_marked_with_where_its_diff_is(tmp_path):
     """† after the commit of each record made from a dirty tree, and under the table one line per commit saying
-    what it means: the diff beside the record (linked), or not kept; a clean record has no mark."""
+    what it means: the diff beside the record (linked), or not kept; a clean record has no mark, one whose code
+    state is not known (dirty: null) ¶ and a line saying so."""
     (tmp_path / "cpu").mkdir()
     (tmp_path / "cpu" / "01-smoke.json").write_text(json.dumps(run_record()))
     (tmp_path / "cpu" / "02-cpu.json").write_text(json.dumps(run_record(dirty=True, diff="02-cpu.diff")))
@@ -151,6 +152,13 @@ def test_a_record_made_from_uncommitted_changes_is_marked_with_where_its_diff_is
     assert "`0123456`§ 2026-11-25 |" in rendered
     assert ("\n\n§ [02-cpu](../cpu/02-cpu.json): commands of other code than its record's commit trained the run: "
             "`aaaaaaa` (2 commands).\n") in rendered
+    (tmp_path / "cpu" / "02-cpu.json").write_text(json.dumps(run_record(dirty=None)))  # git could not tell
+    (tmp_path / "cpu" / "01-smoke.json").write_text(json.dumps(run_record(dirty=None, commit=None)))  # no git
+    rendered = tables.render("<!-- figures: cpu -->\n<!-- /figures -->\n", tmp_path, page, runner=SAME)
+    assert "`0123456`¶ 2026-11-25 |" in rendered and "`no comm`¶ 2026-11-25 |" in rendered
+    assert ("\n\n¶ code state unknown: whether uncommitted changes made [01-smoke](../cpu/01-smoke.json), "
+            "[02-cpu](../cpu/02-cpu.json) is not known (git could not tell, or the code ran outside a git "
+            "checkout).\n") in rendered
 
 
 def test_a_corrected_record_is_marked_where_its_filled_in_fields_are(tmp_path):

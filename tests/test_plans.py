@@ -277,6 +277,12 @@ def test_a_table_marks_a_row_with_a_record_made_from_uncommitted_changes_and_say
     rows = [line for line in out.splitlines() if line.startswith(("| the toy recipe", "| + no weight decay"))]
     assert len(rows) == 2 and "| 2 of 2† | 50.00" in rows[0] and "| 2 of 2 | 50.00" in rows[1], out
     assert "† made from uncommitted changes to `0123456`; the diff was not kept." in out
+    (folder / "nowd-s0" / "results.json").write_text(json.dumps({**record, "dirty": None} | configured(plan, "nowd-s0")))
+    assert main(["table", str(plan), "--runs", "runs"]) == 0  # its code state not known: marked too
+    out = capsys.readouterr().out
+    assert "| + no weight decay | `--model.optimizer.weight_decay 0` | 2 of 2¶ | 50.00" in out, out
+    assert "¶ code state unknown: whether uncommitted changes made [results](runs/grid/nowd-s0/results.json) is " \
+           "not known" in out
     (folder / "base-s1" / "results.diff").write_text("diff --git a/x b/x\n")
     (folder / "base-s1" / "results.json").write_text(json.dumps({**record, "dirty": True, "diff": "results.diff"}
                                                                 | configured(plan, "base-s1")))
@@ -415,6 +421,8 @@ def test_a_commits_checkout_is_made_whole_under_runs_checkouts_linked_to_its_rec
     assert tree == tmp_path / "runs" / ".checkouts" / old[:7] and not stale.exists()
     assert (tree / "vit" / "configs" / "cpu.yaml").read_text() == "old: 1\n"  # its recipes, as its package's
     assert git("rev-parse", "HEAD", cwd=tree) == old
+    from vit.training import commits
+    assert commits.tree(tree) == ({"commit": old, "dirty": False}, None)  # its link is not a change to its code
     write(tree / "marker", "")
     assert runner.tree(plans.Run("t", "b", "b", (), commit=old)) == tree and (tree / "marker").exists()
     with pytest.raises(plans.PlanFailed, match=r"t/c runs commit 0{40}, which this clone does not have") as e:
@@ -604,32 +612,49 @@ runs:
             (seed, budget, plans.DATA[data])
 
 
-@pytest.mark.parametrize("gpus, here, recipe", [(0, False, "cpu"), (0, True, "vit_cifar10"), (1, False, "vit_cifar10")])
-def test_a_run_without_a_recipe_trains_the_one_its_machine_would_and_show_names_it(tmp_path, capsys, monkeypatch,
-                                                                                 gpus, here, recipe):
-    """A run that names no recipe trains the one vit-train picks where it trains: a GPU machine's default where the
-    plan gives each run GPUs, else this machine's. `show` names it in every command (said once, with why), and
-    the configuration a record is compared with is that recipe's, whichever machine shows or submits the plan."""
-    monkeypatch.delenv("VIT_ASSUME_GPU", raising=False)
-    monkeypatch.setattr("vit.configs.gpu_present", lambda: here)
+@pytest.mark.parametrize("gpus, recipe", [(0, "cpu"), (1, "vit_cifar10")])
+def test_a_run_without_a_recipe_trains_the_one_its_plan_gives_on_every_machine(tmp_path, capsys, monkeypatch, gpus,
+                                                                               recipe):
+    """A run that names no recipe trains the one its plan gives it: the default recipe where the plan gives each
+    run GPUs (resources.gpus), else the cpu recipe, whatever machine shows, renders or runs the plan (with a GPU or
+    without, VIT_ASSUME_GPU=1 or not). `show` names it in every command (said once, with why), the configuration a
+    record is compared with is that recipe's, and the run's record counts in the table on either machine."""
+    runs = tmp_path / "runs"
     plan = write(tmp_path / "bare.yaml", f"seeds: [0, 1, 2]\nresources: {{gpus: {gpus}}}\n"
                                          "runs: [{name: a}, {name: b, args: [--model.arch.depth, '2']}]\n")
-    assert main(["show", str(plan), "--runs", str(tmp_path / "runs")]) == 0
-    out = capsys.readouterr().out
-    commands = [line.split() for line in out.splitlines() if line.startswith("      vit-train ")]
-    assert len(commands) == 6 and all(words[1:3] == ["--config", recipe] for words in commands)
-    said = [line for line in out.splitlines() if line.startswith("[plan] runs that name no recipe")]
-    assert said == [f"[plan] runs that name no recipe train {recipe} (--config {recipe}), vit-train's default "
-                    f"{'with' if recipe == 'vit_cifar10' else 'without'} a GPU: " +
-                    ("the plan gives each 1 GPU(s) (resources.gpus)" if gpus else
-                     f"resources.gpus is 0, so this machine decides, and it has {'a GPU' if here else 'none'}") +
-                    "; name a recipe in the plan's args to choose another"]
-    check = ArgumentCheck()
-    runner, other = (plans.Runner(tmp_path / "data", tmp_path / "runs", check_command=check) for _ in range(2))
-    named = write(tmp_path / "named.yaml", plan.read_text().replace("seeds:", f"args: [--config, {recipe}]\nseeds:"))
-    for bare, explicit in zip(plans.load(plan).runs, plans.load(named).runs):
-        assert runner.configuration(bare) == other.configuration(explicit)
-        assert runner.configuration(bare)["model.arch.dim"] == (192 if recipe == "vit_cifar10" else 64)
+    seen = []
+    for here in (False, True):
+        monkeypatch.setattr("vit.configs.gpu_present", lambda: here)
+        if here:
+            monkeypatch.setenv("VIT_ASSUME_GPU", "1")
+        else:
+            monkeypatch.delenv("VIT_ASSUME_GPU", raising=False)
+        assert main(["show", str(plan), "--runs", str(runs)]) == 0
+        out = capsys.readouterr().out
+        commands = [line.split() for line in out.splitlines() if line.startswith("      vit-train ")]
+        assert len(commands) == 6 and all(words[1:3] == ["--config", recipe] for words in commands)
+        said = [line for line in out.splitlines() if line.startswith("[plan] runs that name no recipe")]
+        assert said == [f"[plan] runs that name no recipe train {recipe} (--config {recipe}): " +
+                        (f"the plan gives each {gpus} GPU(s) (resources.gpus)" if gpus else
+                         "the plan gives them no GPU (resources.gpus is 0)") +
+                        "; name a recipe in the plan's args to choose another"]
+        check = ArgumentCheck()
+        runner, other = (plans.Runner(tmp_path / "data", runs, check_command=check) for _ in range(2))
+        named = write(tmp_path / "named.yaml", plan.read_text().replace("seeds:", f"args: [--config, {recipe}]\nseeds:"))
+        for bare, explicit in zip(plans.load(plan).runs, plans.load(named).runs):
+            assert runner.recipe(bare) == recipe
+            assert runner.configuration(bare) == other.configuration(explicit)
+            assert runner.configuration(bare)["model.arch.dim"] == (192 if recipe == "vit_cifar10" else 64)
+        if not here:  # a record of run a, seed 0, written where no GPU is
+            a0 = plans.load(plan).runs[0]
+            (runs / "bare" / a0.name).mkdir(parents=True)
+            write(runs / "bare" / a0.name / "results.json",
+                  json.dumps({"test_top1": 50.0, "configuration": runner.configuration(a0)}))
+        assert main(["table", str(plan), "--runs", str(runs)]) == 0
+        table = capsys.readouterr().out
+        assert "| a | the plan's | 1 of 3 | 50.00 |" in table and "left out" not in table, table
+        seen.append((commands, table))
+    assert seen[0] == seen[1]  # the same commands and the same table on both machines
 
 
 @pytest.mark.long

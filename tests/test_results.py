@@ -15,7 +15,8 @@ def git(repo: Path, *args: str) -> str:
 
 
 def checkout(path: Path) -> Path:
-    """A git repository with one commit: code.py, a record under results/ and the pages (README.md, docs/)."""
+    """A git repository with one commit: code.py, a record under results/, the pages (README.md, docs/) and a
+    .gitignore that ignores run folders and a job's log, as this repository's does."""
     path.mkdir()
     git(path, "init", "-q")
     (path / "code.py").write_text("lr = 1\n")
@@ -24,6 +25,7 @@ def checkout(path: Path) -> Path:
     (path / "docs").mkdir()
     (path / "docs" / "results.md").write_text("| a table |\n")
     (path / "README.md").write_text("# vit\n")
+    (path / ".gitignore").write_text("/runs/\nslurm-*.out\n")
     git(path, "add", ".")
     git(path, "commit", "-q", "-m", "first")
     return path
@@ -35,10 +37,12 @@ def test_a_record_of_a_dirty_tree_keeps_its_diff_and_one_of_a_clean_tree_none(tm
     monkeypatch.setattr(commits, "this_tree", lambda: commits.tree(repo))
     clean = tmp_path / "clean"
     clean.mkdir()
-    (repo / "results" / "new.json").write_text("{}\n")  # records, pages and untracked files: the tree is clean
+    (repo / "results" / "new.json").write_text("{}\n")  # records, pages and ignored files: the tree is clean
     (repo / "docs" / "results.md").write_text("| a table, rendered again |\n")
     (repo / "README.md").write_text("# vit, edited\n")
-    (repo / "scratch.py").write_text("x = 1\n")
+    (repo / "slurm-1.out").write_text("a job's log\n")
+    (repo / "runs").mkdir()
+    (repo / "runs" / "scratch.py").write_text("x = 1\n")
     assert commits.commit() == {"commit": sha, "dirty": False}
     results.write(clean, {"recipe": "cpu", **commits.commit()})
     assert sorted(p.name for p in clean.iterdir()) == ["results.json"]
@@ -52,10 +56,10 @@ def test_a_record_of_a_dirty_tree_keeps_its_diff_and_one_of_a_clean_tree_none(tm
     record = json.loads((dirty / "results-last.json").read_text())
     assert record["dirty"] is True and record["diff"] == "results-last.diff"
     diff = (dirty / "results-last.diff").read_text()
-    assert sha in diff and "Untracked files are not in it; there were 1:\n  scratch.py\n" in diff
-    assert "+lr = 2" in diff and "results/old.json" not in diff  # the code's changes, not the records'
+    assert sha in diff and "+lr = 2" in diff and "results/old.json" not in diff  # the code's changes, not the records'
+    assert "slurm-1.out" not in diff and "scratch.py" not in diff  # nor what .gitignore ignores
     changes = commits.code()["changes"]
-    (repo / "slurm-1.out").write_text("a job's log\n")  # an untracked file: the same code, the same changes
+    (repo / "slurm-2.out").write_text("another job's log\n")  # ignored: the same code, the same changes
     assert changes and commits.code()["changes"] == changes
     (repo / "code.py").write_text("lr = 3\n")
     assert commits.code()["changes"] not in (None, changes)
@@ -68,6 +72,36 @@ def test_a_record_of_a_dirty_tree_keeps_its_diff_and_one_of_a_clean_tree_none(tm
     again = {**record, "dirty": True}  # a record that names its diff already (a benchmark's later command) keeps it
     results.keep_diff(dirty / "results-last.json", again)
     assert again["diff"] == "results-last.diff"
+
+
+def test_a_file_git_does_not_track_is_a_change_its_record_is_dirty_and_its_diff_holds_it(tmp_path, monkeypatch):
+    """A new module (or recipe) that git does not track, in a tree whose tracked files are the commit's: the
+    record is dirty, its diff holds the new file whole (`git apply` makes it in a checkout of the commit), its
+    digest changes with the file's contents, and the user's index is left as it was (nothing staged)."""
+    repo = checkout(tmp_path / "repo")
+    monkeypatch.setattr(commits, "this_tree", lambda: commits.tree(repo))
+    (repo / "vit").mkdir()
+    (repo / "vit" / "new_module.py").write_text("def f():\n    return 1\n")
+    (repo / "weights.bin").write_bytes(bytes(range(256)))
+    index = git(repo, "ls-files", "--stage")
+    run = tmp_path / "run"
+    run.mkdir()
+    results.write(run, {"recipe": "cpu", **commits.commit()})
+    record = json.loads((run / "results.json").read_text())
+    assert record["dirty"] is True and record["diff"] == "results.diff"
+    diff = (run / "results.diff").read_text(errors="replace")
+    assert "diff --git a/vit/new_module.py b/vit/new_module.py\nnew file mode 100644" in diff
+    assert "+def f():\n+    return 1\n" in diff and "diff --git a/weights.bin b/weights.bin" in diff
+    assert git(repo, "ls-files", "--stage") == index and git(repo, "status", "--porcelain") == \
+        "?? vit/\n?? weights.bin\n"  # the user's index: as it was
+    copy = tmp_path / "copy"
+    git(tmp_path, "clone", "-q", str(repo), str(copy))
+    git(copy, "apply", str(run / "results.diff"))
+    assert (copy / "vit" / "new_module.py").read_text() == "def f():\n    return 1\n"
+    assert (copy / "weights.bin").read_bytes() == bytes(range(256))
+    changes = commits.code()["changes"]
+    (repo / "vit" / "new_module.py").write_text("def f():\n    return 2\n")
+    assert commits.code()["changes"] not in (None, changes)
 
 
 def test_the_record_of_the_tests_margins_keeps_its_diff_too(tmp_path, monkeypatch):

@@ -135,12 +135,9 @@ def check_arguments(plan, runner) -> None:
 
 def _resolved(recipe: str, gpus: int) -> str:
     """Why runs that name no recipe train ``recipe`` (``Runner.recipe``)."""
-    from vit import configs
-
-    where = "with" if recipe == configs.DEFAULT else "without"
     why = f"the plan gives each {gpus} GPU(s) (resources.gpus)" if gpus else \
-        f"resources.gpus is 0, so this machine decides, and it has {'a GPU' if where == 'with' else 'none'}"
-    return f"runs that name no recipe train {recipe} (--config {recipe}), vit-train's default {where} a GPU: {why}"
+        "the plan gives them no GPU (resources.gpus is 0)"
+    return f"runs that name no recipe train {recipe} (--config {recipe}): {why}"
 
 
 def _check_benchmark(argv: list[str]) -> None:

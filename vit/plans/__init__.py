@@ -32,9 +32,9 @@ clone of its own: its code and recipes), or be a benchmark: ``benchmark: [vit-be
 instead of ``args``, its report the record of the table ``benchmark-TABLE``. ``history: true`` keeps a
 plan for its records only (its runs need options this version no longer has): it renders, it does not run.
 
-A run whose args name no recipe trains the one vit-train picks where it trains, written into its command
-(``--config NAME``, as ``show`` prints it): the default recipe (vit_cifar10) where ``resources.gpus`` gives each
-run a GPU, else the recipe of the machine that runs or submits the plan (cpu without a GPU).
+A run whose args name no recipe trains the one its plan gives it, written into its command (``--config NAME``,
+as ``show`` prints it): the default recipe (vit_cifar10) where ``resources.gpus`` gives each run a GPU, else the
+cpu recipe; the same on every machine that shows, renders, submits or runs the plan.
 
 A name is one row of the table: entries may share one only to add seeds to the same change (the same label,
 args, minutes, data), and no run comes twice.

@@ -40,10 +40,14 @@ class Inputs:
                     raise PlanFailed(f"{job.table}/{job.name}: could not check out commit {job.commit} into {tree} "
                                      f"({shlex.join(command[:4])}: {why})")
             # its recipes as its package (pyproject's package-dir maps configs/ to vit.configs), so that
-            # PYTHONPATH=tree imports its vit and its recipes, never this checkout's (an untracked link)
+            # PYTHONPATH=tree imports its vit and its recipes, never this checkout's (an untracked link, which
+            # the clone's git ignores: not a change to the commit's code, vit.training.commits.tree)
             link = part / "vit" / "configs"
             if not link.exists() and not link.is_symlink():
                 link.symlink_to(Path("..") / "configs")
+            (part / ".git" / "info").mkdir(exist_ok=True)
+            with open(part / ".git" / "info" / "exclude", "a") as exclude:
+                exclude.write("/vit/configs\n")
             try:
                 os.replace(part, tree)
             except OSError:  # another process put the same checkout in place first

@@ -127,19 +127,15 @@ class Runner(Inputs):
         return self.runs_root / job.table / job.name / results.FILE
 
     def recipe(self, job: Run) -> str | None:
-        """The recipe of a run whose args name none: the one vit-train picks on the machine that trains it, so
-        that a plan means the same wherever it is shown, submitted or run: a GPU machine's default where the plan
-        gives its runs GPUs (resources.gpus), else this machine's (without a GPU, the cpu recipe). None for a run
-        that names its recipe, or of another commit (that commit's vit-train picks, by its own defaults)."""
+        """The recipe of a run whose args name none, from the plan alone, so that a plan means the same on every
+        machine that shows, renders, submits or runs it: the default recipe (a GPU recipe) where the plan gives
+        its runs GPUs (resources.gpus), else the cpu recipe. None for a run that names its recipe, or of another
+        commit (that commit's vit-train picks, by its own defaults)."""
         from vit import configs
-        from vit.cluster import gpus
 
         if job.commit or configs.named_recipes(list(job.args)):
             return None
-        if job.gpus or configs.gpu_present():  # (VIT_ASSUME_GPU=1 counts as a GPU here, as for vit-train)
-            return configs.DEFAULT
-        gpus.check_gpus_usable()  # GPUs given here that torch cannot use: never the cpu recipe in their place
-        return configs.CPU
+        return configs.DEFAULT if job.gpus else configs.CPU
 
     def train_args(self, job: Run) -> list[str]:
         """The run's vit-train arguments (``vit-plan show`` prints them): its recipe where its args name none

@@ -32,7 +32,7 @@ def summary(plan: Plan, runner) -> str:
     changed since it ran: ``runner.differences``) is left out, and a line under the table says which and why. A row
     with a record made from uncommitted changes is marked † after its n, one of a run resumed on other code §,
     with the pages' footnotes (where the diff is; which code) under the table."""
-    from vit.reporting.tables import DIRTY, OTHER_CODE, Notes
+    from vit.reporting.tables import DIRTY, OTHER_CODE, UNKNOWN, Notes
 
     changes: dict[str, list[Run]] = {}
     other: dict[str, list[str]] = {}  # the runs whose record is another command's: what differs
@@ -52,7 +52,7 @@ def summary(plan: Plan, runner) -> str:
         paths = [record_of(job) for job in jobs if record_of(job) and record_of(job).is_file()]
         got = [results.read(path) for path in paths]
         marks = "".join(notes.made(path, r) for path, r in zip(paths, got))
-        made = "".join(mark for mark in (DIRTY, OTHER_CODE) if mark in marks)
+        made = "".join(mark for mark in (DIRTY, UNKNOWN, OTHER_CODE) if mark in marks)
         label = re.sub(r", seed \d+$", "", jobs[0].label)
         own = f"`{shlex.join(jobs[0].own)}`" if jobs[0].own else "the plan's"
         cells = [label, own + (f" (commit {jobs[0].commit})" if jobs[0].commit else ""),

@@ -79,26 +79,31 @@ def _link(path: Path, base: Path) -> str:
 
 # what the device cell shows: a correction of one of these is marked there, of any other field after the record
 DEVICE_FIELDS = {"device", "device_count", "cuda", "driver", "cpu", "cpu_bf16", "torch_threads"}
-DIRTY, CORRECTED, OTHER_CODE = "†", "‡", "§"
+DIRTY, CORRECTED, OTHER_CODE, UNKNOWN = "†", "‡", "§", "¶"
 
 
 class Notes:
     """The marks of one table's records and their footnotes, one paragraph each under the table: † a record made
-    from uncommitted changes (``dirty``; the diff beside it, ``results.keep_diff``, or not kept), § a run that
-    commands on other code trained too (``other_code``: resumed on another commit), ‡ fields filled in by hand
-    from another record (``corrected``)."""
+    from uncommitted changes (``dirty``; the diff beside it, ``results.keep_diff``, or not kept), ¶ one whose code
+    state is not known (``dirty`` null: git could not tell, or no git), § a run that commands on other code
+    trained too (``other_code``: resumed on another commit), ‡ fields filled in by hand from another record
+    (``corrected``)."""
 
     def __init__(self, base: Path):
-        self.base, self.dirty, self.other, self.corrected = base, {}, [], []
+        self.base, self.dirty, self.unknown, self.other, self.corrected = base, {}, [], [], []
 
     def made(self, path: Path, r: dict) -> str:
-        """The marks after a record's commit: † when uncommitted changes to it made the record, § when commands
-        on other code trained the run too. It checks the record's ``commit`` first (a string, or null)."""
+        """The marks after a record's commit: † when uncommitted changes to it made the record, ¶ when whether
+        they did is not known, § when commands on other code trained the run too. It checks the record's
+        ``commit`` first (a string, or null)."""
         if not isinstance(r.get("commit"), (str, type(None))):
             raise ConfigError(f"{path}: commit: takes the commit's hash (a string), or null, got {r.get('commit')!r}")
         return self._dirty(path, r) + self._other(path, r)
 
     def _dirty(self, path: Path, r: dict) -> str:
+        if "dirty" in r and r["dirty"] is None:  # (git could not tell; a record without the key predates it)
+            self.unknown.append(f"[{path.stem}]({_link(path, self.base)})")
+            return UNKNOWN
         if not r.get("dirty"):
             return ""
         if not isinstance(r.get("diff"), (str, type(None))):
@@ -164,6 +169,9 @@ class Notes:
                      f"the diffs are beside the records: {', '.join(kept)}"
                      + ("; the others' were not kept" if len(kept) < len(diffs) else ""))
             out.append(f"{DIRTY} made from uncommitted changes to `{commit}`; {where}.")
+        if self.unknown:
+            out.append(f"{UNKNOWN} code state unknown: whether uncommitted changes made {', '.join(self.unknown)} is "
+                       "not known (git could not tell, or the code ran outside a git checkout).")
         out += self.other + self.corrected
         return [line for note in out for line in ("", note)]
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -16,21 +18,24 @@ NOT_CODE = ("results", "docs", "README.md", "CITATION.cff", "LICENSE")
 
 
 def tree(repo: Path) -> tuple[dict, bytes | None]:
-    """The commit checked out in ``repo`` and whether its tracked files differ from it (``dirty``), with, when
-    they do, those changes: ``git diff --binary HEAD`` (``git apply`` takes it) after a preamble that names the
-    commit and lists the untracked files, which the diff leaves out (their names only). None and None outside
-    a git checkout (an installed wheel: its version says what ran). Left out of both: results/, which holds
-    records, what measuring writes, and the pages (README.md, docs/, the licence and citation), whose tables
-    `make figures` renders from those records: neither is code that runs (``NOT_CODE``). The state of a dirty
-    tree also has ``changes``: a digest of the diff alone (not of the untracked files' names: a job's new log
-    file is not other code). Git takes no lock (GIT_OPTIONAL_LOCKS=0): the user's own git commands at a job's
-    start do not fail on this one's index.lock."""
+    """The commit checked out in ``repo`` and whether its files differ from it (``dirty``): a tracked file
+    changed, or a file git does not track and .gitignore does not ignore (a new module or recipe is code that
+    runs). When they do, the changes: ``git diff --binary HEAD`` of the tracked files and of the untracked ones
+    as new files (read through a copy of the index that adds them, the user's own index untouched), after a
+    preamble that names the commit; ``git apply`` takes it. None and None outside a git checkout (an installed
+    wheel: its version says what ran). Left out of both: results/, which holds records, what measuring writes,
+    and the pages (README.md, docs/, the licence and citation), whose tables `make figures` renders from those
+    records: neither is code that runs (``NOT_CODE``); and what .gitignore ignores (run folders, data, a job's
+    log: slurm-*.out). The state of a dirty tree also has ``changes``: a digest of the diff. Git takes no lock
+    on the user's index (GIT_OPTIONAL_LOCKS=0): the user's own git commands at a job's start do not fail on
+    this one's index.lock."""
     environment = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
 
-    def git(*args: str) -> bytes | None:  # (bytes: a diff is not always UTF-8, nor its line ends \n)
+    def git(*args: str, index: str | None = None) -> bytes | None:  # (bytes: a diff is not always UTF-8)
+        env = environment if index is None else {**environment, "GIT_INDEX_FILE": index}
         try:
             out = subprocess.run(["git", "-c", "core.quotePath=true", "-c", "diff.suppressBlankEmpty=false", *args],
-                                 cwd=repo, capture_output=True, timeout=30, env=environment)
+                                 cwd=repo, capture_output=True, timeout=30, env=env)
         except (OSError, subprocess.TimeoutExpired):
             return None
         return out.stdout if out.returncode == 0 else None
@@ -42,26 +47,45 @@ def tree(repo: Path) -> tuple[dict, bytes | None]:
     if not (repo / ".git").exists() or (sha := text(git("rev-parse", "HEAD"))) is None:
         return {"commit": None, "dirty": None}, None
     sha = sha.strip()
-    status = text(git("status", "--porcelain", "--untracked-files=no", *code))
+    status = text(git("status", "--porcelain", "--untracked-files=all", *code))
     if status is None:  # (git failed: whether the tree is clean is not known)
         return {"commit": sha, "dirty": None}, None
     if not status.strip():
         return {"commit": sha, "dirty": False}, None
-    untracked = (text(git("ls-files", "--others", "--exclude-standard", *code)) or "").splitlines()
-    # the diff as `git apply` takes it, and the same bytes for the same changes, whatever the user's git
-    # configuration (colour, prefixes, external tools, diff algorithm, context, hunks, renames, order, abbreviated
-    # hashes, quoted paths; run at the top, its paths are never relative)
-    diff = git("diff", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", "--src-prefix=a/",
-               "--dst-prefix=b/", "--diff-algorithm=myers", "--unified=3", "--inter-hunk-context=0", "--no-renames",
-               "--full-index", f"-O{os.devnull}", "HEAD", *code)
+    diff = _diff(repo, git, code)
     if diff is None:  # (git failed: the record says dirty, its tables "the diff was not kept")
         return {"commit": sha, "dirty": True}, None
-    preamble = [f"The uncommitted changes to the tracked files of {sha} that made the record beside this file",
-                "(git diff --binary HEAD; `git apply` it in a checkout of that commit). Untracked files are not in it"
-                + (f"; there were {len(untracked)}:" if untracked else "; there were none."),
-                *(f"  {name}" for name in untracked), ""]
+    preamble = [f"The uncommitted changes to {sha} that made the record beside this file: its tracked files' and, as",
+                "new files, those it did not track (git diff --binary HEAD); `git apply` it in a checkout of that commit.",
+                ""]
     return {"commit": sha, "dirty": True, "changes": hashlib.blake2b(diff, digest_size=8).hexdigest()}, \
         ("\n".join(preamble) + "\n").encode(errors="surrogateescape") + diff
+
+
+def _diff(repo: Path, git, code: tuple[str, ...]) -> bytes | None:
+    """``git diff --binary HEAD`` of ``code``, the untracked files (not ignored) in it as new files: through a
+    copy of the index in which they are added as intended (``git add -N``), so that the user's index is left as
+    it is. None where git fails."""
+    where = git("rev-parse", "--git-path", "index")  # (relative to ``repo``, or absolute in a worktree)
+    if where is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="vit-index-") as folder:
+        index = os.path.join(folder, "index")
+        try:
+            # (its time too: a file changed in the second the index was written is compared by its contents)
+            shutil.copy2(repo / where.decode(errors="surrogateescape").strip(), index)
+        except FileNotFoundError:  # (a repository without an index yet: the untracked files are all)
+            pass
+        except OSError:
+            return None
+        if git("add", "--intent-to-add", "--all", *code, index=index) is None:
+            return None
+        # the diff as `git apply` takes it, and the same bytes for the same changes, whatever the user's git
+        # configuration (colour, prefixes, external tools, diff algorithm, context, hunks, renames, order,
+        # abbreviated hashes, quoted paths; run at the top, its paths are never relative)
+        return git("diff", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", "--src-prefix=a/",
+                   "--dst-prefix=b/", "--diff-algorithm=myers", "--unified=3", "--inter-hunk-context=0",
+                   "--no-renames", "--full-index", f"-O{os.devnull}", "HEAD", *code, index=index)
 
 
 @functools.cache

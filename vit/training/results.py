@@ -3,11 +3,12 @@ accuracy, epochs, steps, seconds, images/s) and what made it (recipe, command li
 versions). Written when the test ends, after ``fit`` and by ``train.py test``; README's results tables
 are rendered from copies of these records (``vit.reporting.tables``).
 
-A record made from a tree with uncommitted changes says ``"dirty": true`` and names the file beside it that
-holds them (``"diff"``, ``keep_diff``); one of a run that commands of other code trained too (resumed on
-another commit) names that code (``"other_code"``). A field filled in by hand after the run is named under
-``"corrected"``: ``{"fields": [...], "from": "<the record they were copied from, relative to this one's
-folder>", "why": "..."}``; the tables mark all three."""
+A record made from a tree with uncommitted changes (to tracked files, or files git does not track and does
+not ignore: vit.training.commits.tree) says ``"dirty": true`` and names the file beside it that holds them
+(``"diff"``, ``keep_diff``); one whose code state git could not tell says ``"dirty": null``; one of a run that
+commands of other code trained too (resumed on another commit) names that code (``"other_code"``). A field
+filled in by hand after the run is named under ``"corrected"``: ``{"fields": [...], "from": "<the record they
+were copied from, relative to this one's folder>", "why": "..."}``; the tables mark each of these."""
 
 from __future__ import annotations
 
