@@ -82,6 +82,28 @@ def test_preempted_mid_epoch_it_resumes_in_another_split(before, after, tmp_path
                                 f"SIGUSR1 mid-epoch, {before} -> {after}")
 
 
+def test_preempted_where_the_processes_agree_only_at_epochs_ends_it_stops_after_the_epoch(
+        tmp_path, fake_cifar_session, uninterrupted, monkeypatch, capsys):
+    """SIGUSR1 at step 3 of a run whose processes agree every 6 steps (--trainer.log_every_n_steps 6: an epoch's
+    6 steps): the agreement comes at the epoch's last step; the epoch ends with its checkpoints, the job stops
+    (exit 4) as epoch 1 starts, and the requeued job ends as the uninterrupted run."""
+    for key, value in SLURM_TASK.items():
+        monkeypatch.setenv(key, value)
+    handler = signal.getsignal(signal.SIGUSR1)
+    every = ["--trainer.log_every_n_steps", str(STEPS // 2)]
+    try:
+        assert train_here(tmp_path, fake_cifar_session, *split("64x1"), *every,
+                          "--trainer.callbacks+=callbacks.SignalAtBatch", "--trainer.callbacks.batch", "3",
+                          "--trainer.callbacks.signal", "SIGUSR1") == 4
+        assert "stopped at the end of epoch 0 (step 6), after its checkpoints" in capsys.readouterr().err
+        assert load(tmp_path / "runs/smoke/slurm-77/checkpoints/last.ckpt")["global_step"] == STEPS // 2
+        assert train_here(tmp_path, fake_cifar_session, *split("64x1"), *every, "--ckpt_path", "last") == 0
+    finally:
+        signal.signal(signal.SIGUSR1, handler)
+    check_same_as_uninterrupted(uninterrupted, load(tmp_path / "runs/smoke/slurm-77/checkpoints/last.ckpt"),
+                                "SIGUSR1 agreed at an epoch's end")
+
+
 @pytest.mark.long
 @pytest.mark.parametrize("before,after", [("64x1", "32x2"), ("32x2", "64x1")])
 def test_killed_mid_epoch_it_resumes_in_another_split(before, after, tmp_path, fake_cifar_session, uninterrupted):

@@ -270,6 +270,7 @@ class StopOnSignal(L.Callback):
     def __init__(self):
         self.job = None
         self.signalled = False
+        self.after_epoch: int | None = None  # got at an epoch's last step: stop once its checkpoints are written
 
     def setup(self, trainer, pl_module, stage):
         from vit.cluster.launch import slurm_job
@@ -283,16 +284,29 @@ class StopOnSignal(L.Callback):
 
     def stop(self, trainer) -> None:
         """A process got the signal: at a check step's end (an optimizer step's, not inside an accumulation
-        window); not at an epoch's last step (every process is there alike): its end-of-epoch checkpoint follows."""
+        window) every process saves the step and stops; at an epoch's last step, the epoch ends first, with its
+        validation and its checkpoints (last.ckpt), and every process stops as the next epoch starts."""
         from vit.cluster.runs import CHECKPOINTS, STEP
         from vit.data.resume import at_epoch_end
 
-        if not self.job or at_epoch_end(trainer):
+        if not self.job:
+            return
+        if at_epoch_end(trainer):
+            self.after_epoch = trainer.current_epoch
             return
         path = os.path.join(trainer.default_root_dir, CHECKPOINTS, STEP)
         started = time.perf_counter()
         trainer.save_checkpoint(path)  # every process: the checkpoint gathers each one's RNG states
         seconds = time.perf_counter() - started
+        self._stopped(trainer, f"stopped at step {trainer.global_step}, in epoch {trainer.current_epoch}, and saved "
+                               f"it to {path} ({seconds:.1f} s)")
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        if self.after_epoch is not None:
+            self._stopped(trainer, f"stopped at the end of epoch {self.after_epoch} (step {trainer.global_step}), "
+                                   f"after its checkpoints")
+
+    def _stopped(self, trainer, what: str) -> None:
         if trainer.is_global_zero and wandb_logger(trainer.loggers) is not None:
             import wandb
 
@@ -304,9 +318,7 @@ class StopOnSignal(L.Callback):
         then = (f"Requeued by {by} under the same id, it resumes from there." if by else
                 f"Requeued under the same id (scontrol requeue {self.job}, as scripts/slurm/train.sbatch does), "
                 "it resumes from there.")
-        raise Preempted(f"SLURM job {self.job} got SIGUSR1 (a time limit or preemption is near): stopped at step "
-                        f"{trainer.global_step}, in epoch {trainer.current_epoch}, and saved it to {path} "
-                        f"({seconds:.1f} s). {then}")
+        raise Preempted(f"SLURM job {self.job} got SIGUSR1 (a time limit or preemption is near): {what}. {then}")
 
 
 class StopAfterMinutes(L.Callback):
