@@ -71,7 +71,7 @@ class Agreement(L.Callback):
         clock, budget, due, diverged, signalled = values.tolist()  # (the host reads: once, here)
         if diverged:
             guard.stop(trainer)
-        if signalled and signal is not None:  # (outside a SLURM job, or at an epoch's end: nothing)
+        if signalled and signal is not None:  # (outside a SLURM job: nothing; at an epoch's end: after it)
             signal.stop(trainer)
         if timer is not None and timer.time_remaining() is not None:
             self.clock = (clock, budget)
