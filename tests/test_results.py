@@ -76,13 +76,18 @@ def test_a_record_of_a_dirty_tree_keeps_its_diff_and_one_of_a_clean_tree_none(tm
 
 def test_a_file_git_does_not_track_is_a_change_its_record_is_dirty_and_its_diff_holds_it(tmp_path, monkeypatch):
     """A new module (or recipe) that git does not track, in a tree whose tracked files are the commit's: the
-    record is dirty, its diff holds the new file whole (`git apply` makes it in a checkout of the commit), its
+    record is dirty (what commands write into the clone, an export or figures, is not code and leaves it clean), its diff holds the new file whole (`git apply` makes it in a checkout of the commit), its
     digest changes with the file's contents, and the user's index is left as it was (nothing staged)."""
     repo = checkout(tmp_path / "repo")
     monkeypatch.setattr(commits, "this_tree", lambda: commits.tree(repo))
+    (repo / "model.onnx").write_bytes(bytes(range(256)))  # what commands write into the clone: not code
+    (repo / "figures").mkdir()
+    (repo / "figures" / "cat.png").write_bytes(bytes(range(256)))
+    (repo / "nohup.out").write_text("a log\n")
+    assert commits.tree(repo)[0]["dirty"] is False
     (repo / "vit").mkdir()
     (repo / "vit" / "new_module.py").write_text("def f():\n    return 1\n")
-    (repo / "weights.bin").write_bytes(bytes(range(256)))
+    (repo / "my_recipe.yaml").write_text("seed_everything: 1\n")  # code wherever it is: a recipe, a module
     index = git(repo, "ls-files", "--stage")
     run = tmp_path / "run"
     run.mkdir()
@@ -91,14 +96,15 @@ def test_a_file_git_does_not_track_is_a_change_its_record_is_dirty_and_its_diff_
     assert record["dirty"] is True and record["diff"] == "results.diff"
     diff = (run / "results.diff").read_text(errors="replace")
     assert "diff --git a/vit/new_module.py b/vit/new_module.py\nnew file mode 100644" in diff
-    assert "+def f():\n+    return 1\n" in diff and "diff --git a/weights.bin b/weights.bin" in diff
+    assert "+def f():\n+    return 1\n" in diff and "diff --git a/my_recipe.yaml b/my_recipe.yaml" in diff
+    assert "model.onnx" not in diff and "cat.png" not in diff and "nohup.out" not in diff
     assert git(repo, "ls-files", "--stage") == index and git(repo, "status", "--porcelain") == \
-        "?? vit/\n?? weights.bin\n"  # the user's index: as it was
+        "?? figures/\n?? model.onnx\n?? my_recipe.yaml\n?? nohup.out\n?? vit/\n"  # the user's index: as it was
     copy = tmp_path / "copy"
     git(tmp_path, "clone", "-q", str(repo), str(copy))
     git(copy, "apply", str(run / "results.diff"))
     assert (copy / "vit" / "new_module.py").read_text() == "def f():\n    return 1\n"
-    assert (copy / "weights.bin").read_bytes() == bytes(range(256))
+    assert (copy / "my_recipe.yaml").read_text() == "seed_everything: 1\n"
     changes = commits.code()["changes"]
     (repo / "vit" / "new_module.py").write_text("def f():\n    return 2\n")
     assert commits.code()["changes"] not in (None, changes)
@@ -199,8 +205,14 @@ def test_a_training_clock_not_as_written_is_refused_in_one_line_and_one_as_writt
                "first_batches_seconds": 1.2, "trees": "anything: read leniently"}
     check_clock({"callbacks": {"TrainingClock": written}}, "x.ckpt")
     check_clock({"callbacks": {"TrainingClock": {"train_images": 400, "steps": 8}}}, "x.ckpt")  # an older version's
-    check_clock({"callbacks": None}, "x.ckpt")
-    check_clock({"callbacks": {"TrainingClockLogger": {"epochs": "every"}}}, "x.ckpt")  # (another callback's)
+    check_clock({"callbacks": None}, "x.ckpt", testing=True)
+    check_clock({"callbacks": {"TrainingClockLogger": {"epochs": "every"}}}, "x.ckpt", testing=True)  # (another's)
+    earlier = "x.ckpt: written by an earlier version, which did not record its training clock or its place in"
+    for ckpt in ({"callbacks": None}, {"callbacks": {"TrainingClock": written},  # (a position in loader batches)
+                                       "CIFAR10DataModule": {"train_epochs": 1, "epoch": 0, "batches": 3}}):
+        with pytest.raises(CheckpointError, match=f"^{earlier}"):
+            check_clock(ckpt, "x.ckpt")  # to resume: refused
+    check_clock({"callbacks": {"TrainingClock": written}, "MyData": {"cursor": 5}}, "x.ckpt")  # a user's data module
     for key, value, shown in (("commands", None, "None"), ("training_seconds", None, "None"), ("steps", 10 ** 400,
                               "a number past 2**63"), ("commands", 2.5, "2.5"), ("epochs", float("nan"), "nan"),
                               ("train_images", True, "True"), ("wall_seconds", -1.0, "-1.0")):

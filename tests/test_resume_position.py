@@ -221,7 +221,7 @@ def test_an_earlier_versions_checkpoint_is_refused_in_one_line_before_any_work_a
         assert train_here(tmp_path, None, "--ckpt_path", str(OLD), *data, *arch, "--data.batch_size", batch,
                           "--trainer.max_epochs", "2") == 2
         assert errors_of(capsys) == [
-            f"error: {OLD}: written by an earlier version, which did not record its training clock and its place in "
+            f"error: {OLD}: written by an earlier version, which did not record its training clock or its place in "
             "the data in images, so no run continues it exactly: test, classify, roll out or export it, or start a "
             "new run"]
     assert not list(tmp_path.glob("runs/smoke/*/checkpoints/*.ckpt"))  # nothing trained

@@ -133,8 +133,9 @@ def test_a_record_of_this_launch_counts_once_read_alike_twice(tmp_path, monkeypa
 
     run = tmp_path / "run"
     run.mkdir()
-    records = iter([{"launch": identity(), "pid": 1, "resumes_from": "last.ckpt"},
-                    {"launch": identity(), "pid": 2, "resumes_from": "step.ckpt"}])
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    records = iter([{"launch": identity(), "pid": 1, "resumes_from": "last.ckpt", "since": now},
+                    {"launch": identity(), "pid": 2, "resumes_from": "step.ckpt", "since": now}])
     reads = []
 
     def read(fd):
@@ -330,3 +331,42 @@ def fcntl_module():
     import fcntl
 
     return fcntl
+
+
+def test_a_record_left_by_an_earlier_attempt_or_launch_on_another_node_is_waited_past_not_taken(tmp_path,
+                                                                                                 monkeypatch):
+    """The record of attempt 0 of SLURM job 123, which died on another node moments ago (its heartbeat fresh, its
+    lock gone): process 1 of attempt 1 neither ends with it as the holder's line nor takes its checkpoint; nor does
+    a process of a new launch of the same name (a torchrun run again with its --rdzv-id) take the record its
+    earlier launch left. Both wait for their own process 0 (here: it never comes, and the wait ends them)."""
+    fresh = datetime.now(timezone.utc) - timedelta(seconds=30)
+    run = tmp_path / "slurm-123"
+    run.mkdir()
+    for key in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in {"SLURM_NTASKS": "2", "SLURM_JOB_ID": "123", "SLURM_JOB_NAME": "train",
+                       "SLURM_RESTART_COUNT": "1"}.items():
+        monkeypatch.setenv(key, value)
+    for launch, since in (("slurm-123/0", fresh), ("slurm-123/1", fresh - timedelta(seconds=600))):
+        (run / run_lock.LOCK).write_text(json.dumps({
+            "launch": launch, "pid": 999, "host": "oldnode", "slurm_job": "123", "resumes_from": "epoch3.ckpt",
+            "since": since.isoformat(timespec="seconds"), "heartbeat": fresh.isoformat(timespec="seconds")}))
+        with pytest.raises(LostProcesses, match="did not take"):
+            run_lock.wait_for_rank_zero(run, seconds=3, needs="resumes_from")
+
+
+def test_a_refusal_on_a_heartbeat_says_how_old_it_is_and_when_the_folder_is_free(tmp_path, monkeypatch):
+    """Job 5 died on nodeA a minute ago; job 6 on nodeB, which sees no lock there, is refused on the heartbeat alone,
+    and the line says so: its age, when the folder is free, and that removing .lock frees it at once."""
+    run = tmp_path / "run"
+    run.mkdir()
+    beat = (datetime.now(timezone.utc) - timedelta(seconds=60)).isoformat(timespec="seconds")
+    (run / run_lock.LOCK).write_text(json.dumps({"launch": "slurm-5/0", "pid": 7, "host": "nodeA", "slurm_job": "5",
+                                                 "since": beat, "heartbeat": beat}))
+    monkeypatch.setenv("SLURM_JOB_ID", "6")
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    monkeypatch.setenv("SLURM_JOB_NAME", "train")
+    with pytest.raises(RunError, match=r"its lock is not seen from here, its heartbeat is 6\d s old: if that process "
+                                       r"has ended, the folder is free in 2[34]\d s, or at once once you remove "):
+        run_lock.take(run)
+    assert json.loads((run / run_lock.LOCK).read_text())["pid"] == 7  # left as it was

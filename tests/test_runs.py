@@ -422,7 +422,8 @@ def test_a_run_restarted_from_an_earlier_checkpoint_and_preempted_resumes_on_its
         monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # requeued: the same arguments, FILE's included
         assert train_here(job, fake_cifar_session, *longer, *restart) == 0
         assert "resuming runs/smoke/slurm-77 from its step.ckpt" in caplog.text
-        assert f"attempt 1 of this launch: it continues from its run folder's newest checkpoint; --ckpt_path " \
+        assert f"attempt 1 of this launch: it continues from its run folder's newest checkpoint, which it wrote; " \
+               f"--ckpt_path " \
                f"{checkpoints / 'epoch0.ckpt'} is where its first attempt started" in caplog.text
         monkeypatch.delenv("SLURM_RESTART_COUNT")
         for key in SLURM_TASK:
@@ -433,3 +434,26 @@ def test_a_run_restarted_from_an_earlier_checkpoint_and_preempted_resumes_on_its
         signal.signal(signal.SIGUSR1, handler)
     assert_same_training_state(load(next(reference.glob("runs/smoke/version_*/checkpoints/last.ckpt"))),
                                load(checkpoints / "last.ckpt"))
+
+
+@pytest.mark.parametrize("written_by,resumed", [("slurm-88", "last.ckpt"), ("slurm-5", "start.ckpt")])
+def test_a_requeued_attempt_goes_on_from_its_own_checkpoint_only(tmp_path, monkeypatch, written_by, resumed):
+    """Job 88 was started with --run foo --ckpt_path start.ckpt, in a folder that holds another job's checkpoint
+    of an abandoned branch. Requeued (attempt 1, the same arguments), it goes on from the folder's newest
+    checkpoint where job 88 wrote it, and from start.ckpt again where it wrote none (killed before its first)."""
+    from vit.cluster import run_lock
+
+    no_launcher(monkeypatch)
+    for key, value in {"SLURM_NTASKS": "1", "SLURM_JOB_ID": "88", "SLURM_JOB_NAME": "train",
+                       "SLURM_RESTART_COUNT": "1"}.items():
+        monkeypatch.setenv(key, value)
+    last = tmp_path / "runs" / "foo" / runs.CHECKPOINTS / "last.ckpt"
+    write(last, 12, saved=200.0)
+    torch.save({**load(last), "vit": {"launch": written_by}}, last)
+    start = tmp_path / "start.ckpt"
+    write(start, 4, saved=100.0)
+    try:
+        _, (path, _) = runs.open_for_fit(tmp_path / "runs", str(start), "foo", {}, {}, [])
+    finally:
+        run_lock.release()
+    assert path.name == resumed

@@ -68,8 +68,10 @@ def torchrun_id() -> str | None:
 
 
 def attempt() -> str:
-    """The launcher's restart count of this launch ("0" at its first start; a requeued SLURM job counts up)."""
-    return os.environ.get("SLURM_RESTART_COUNT") or os.environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
+    """The launcher's restart count of this launch ("0" at its first start; a requeued SLURM job counts up, and
+    torchrun's restarts inside one count after a dot: "1.2")."""
+    slurm, elastic = (os.environ.get(key) or "0" for key in ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"))
+    return slurm if elastic == "0" else f"{slurm}.{elastic}"
 
 
 def launch_name() -> str | None:

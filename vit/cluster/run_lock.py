@@ -50,6 +50,24 @@ def identity() -> str:
     return f"{launch.launch_name() or f'pid-{os.getpid()}'}/{launch.attempt()}"
 
 
+STARTED = time.time()  # (about when this process started: a record of its launch is written after it)
+SKEW_SECONDS = 60.0  # how far the clocks of a cluster's nodes may differ
+
+
+def _launch(holder: dict) -> tuple[str, str]:
+    """(launch name, attempt) of a record."""
+    name, _, attempt = str(holder.get("launch", "")).rpartition("/")
+    return name, attempt
+
+
+def _since(holder: dict) -> float | None:
+    try:
+        since = datetime.fromisoformat(holder["since"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (since if since.tzinfo is not None else since.replace(tzinfo=timezone.utc)).timestamp()
+
+
 def describe(holder: dict) -> str:
     """A holder as one phrase: pid 123 on node1 (SLURM job 45_0), since 2026-01-01T00:00:00+00:00."""
     job = f" (SLURM job {holder['slurm_job']})" if holder.get("slurm_job") else ""
@@ -78,10 +96,14 @@ def _read(fd: int) -> dict:
     return holder if isinstance(holder, dict) else {}
 
 
-def _refused(run: Path, holder: dict) -> RunError:
+def _refused(run: Path, holder: dict, locked: bool | None = True) -> RunError:
     who = f" ({describe(holder)})" if holder else ""
+    age = heartbeat_age(holder)
+    seen = "" if locked or age is None else (
+        f"; its lock is not seen from here, its heartbeat is {age:.0f} s old: if that process has ended, the folder "
+        f"is free in {max(0.0, STALE_SECONDS - age):.0f} s, or at once once you remove {Path(run) / LOCK}")
     return RunError(f"{run} is in use: another process trains in it{who}, and one process at a time trains in a run "
-                    f"folder. Wait for it to end, or train in another folder (--run NAME)")
+                    f"folder{seen}. Wait for it to end, or train in another folder (--run NAME)")
 
 
 def live(holder: dict, locked: bool | None, stale: float = STALE_SECONDS) -> bool:
@@ -129,12 +151,13 @@ def take(run: Path, heartbeat: float = HEARTBEAT_SECONDS) -> str | None:
             os.close(fd)  # (this process holds no lock on the file: closing drops nothing)
             raise _refused(run, holder) from None
         said = (f"the file system of {run} does not lock files ({errno.errorcode[e.errno]}): this run's record and "
-                f"heartbeat in {LOCK} keep other starts and vit-sync away; two starts in the same second are not")
+                f"heartbeat in {LOCK} keep later starts and vit-sync away (two starts within the same second both "
+                f"train)")
     previous = _read(fd)
-    name = identity().rpartition("/")[0]
-    if previous.get("launch", "").rpartition("/")[0] != name and live(previous, None if said else False):
+    (name, ours), (theirs, attempt) = _launch({"launch": identity()}), _launch(previous)
+    if (theirs != name or attempt == ours) and live(previous, None if said else False):
         os.close(fd)  # (closing drops this process's lock: nothing of it was written)
-        raise _refused(run, previous)
+        raise _refused(run, previous, locked=False)
     mine = {"launch": identity(), "pid": os.getpid(), "host": socket.gethostname(), "slurm_job": launch.slurm_job(),
             "since": _now()}
     _write(fd, mine)
@@ -210,7 +233,7 @@ def holder(run: Path, stale: float = STALE_SECONDS) -> dict | None:
 def announce(run: Path, **facts) -> None:
     """Add ``facts`` to the record of ``run``'s lock that this process holds, for the other processes of its launch
     to read (``wait_for_rank_zero``): the checkpoint process 0 resumes from (vit.cluster.runs.choose_last). Nothing where
-    this process holds no lock (a file system that does not lock: they choose by the same rule)."""
+    this process took no folder (``take``)."""
     fd = _held.get(Path(run))
     if fd is None:
         return
@@ -240,7 +263,9 @@ def wait_for_rank_zero(run: Path, seconds: float = 300.0, poll: float = 0.2, nee
                 holder, locked = _state(fd)
             finally:
                 os.close(fd)  # (this process holds no lock on the file)
-            if holder.get("launch") == identity() and live(holder, locked):
+            alive = live(holder, locked)
+            this = holder.get("launch") == identity() and (_since(holder) or 0.0) >= STARTED - SKEW_SECONDS
+            if this and alive:  # (not a record of an earlier launch of the same name, left by its end)
                 record = {k: v for k, v in holder.items() if k != "heartbeat"}
                 if (needs is None or needs in holder) and record == seen:
                     return holder
@@ -248,9 +273,11 @@ def wait_for_rank_zero(run: Path, seconds: float = 300.0, poll: float = 0.2, nee
             elif ours and (gone := gone + 1) > 1:  # not live twice (not a read torn by a rewrite): it ended
                 raise LostProcesses(f"process 0 of this launch let {run}'s lock go before it named the checkpoint "
                                     f"it resumes from (it failed, and says why)")
-            elif holder and live(holder, locked):  # twice a second apart: not rank 0 between taking and naming
+            elif holder and alive and (locked or _launch(holder)[0] != _launch({"launch": identity()})[0]):
+                # (another launch's, twice a second apart: not rank 0 between taking and naming; an earlier
+                # attempt of this launch on another node is over, whatever its heartbeat)
                 if foreign == holder:
-                    raise _refused(Path(run), holder)
+                    raise _refused(Path(run), holder, locked)
                 foreign = holder
                 time.sleep(1.0)
                 continue

@@ -223,6 +223,16 @@ def resolve(root: Path, ckpt_path: str | None, name: str | None) -> tuple[Path, 
     return claim_new_version(root), None, ""
 
 
+def own_newest(run: Path) -> bool:
+    """Whether the newest checkpoint of ``run`` that reads was written by this launch (a SLURM job, whichever its
+    attempt: ``vit.launch``), not by another job or branch of the run."""
+    try:
+        found = newest_readable(run)
+    except RunError:
+        return False
+    return found is not None and found[1].get("vit", {}).get("launch") == launch_name()
+
+
 def choose_last(run: Path, told: dict | None) -> tuple[Path | None, dict | None, str]:
     """(the checkpoint ``--ckpt_path last`` resumes from in ``run`` or None, that checkpoint read or None, the line
     ``newest_readable`` gives), decided once: process 0 (or the only one) chooses the newest that reads, once it
@@ -282,9 +292,9 @@ def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict
     from vit.models.checkpoints import check_clock, check_fits, check_split
 
     fixed = name or launch_name()
-    if ckpt_path not in (None, "last") and attempt() != "0" and fixed and last_checkpoint(root / fixed):
-        rank_zero_info(f"attempt {attempt()} of this launch: it continues from its run folder's newest checkpoint; "
-                       f"--ckpt_path {ckpt_path} is where its first attempt started")
+    if ckpt_path not in (None, "last") and attempt() != "0" and fixed and own_newest(root / fixed):
+        rank_zero_info(f"attempt {attempt()} of this launch: it continues from its run folder's newest checkpoint, "
+                       f"which it wrote; --ckpt_path {ckpt_path} is where its first attempt started")
         ckpt_path = "last"  # (every process of the launch sees the same attempt and the same folder)
     given = read_checkpoint(ckpt_path) if ckpt_path not in (None, "last") else None
     if given is not None:

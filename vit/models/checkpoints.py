@@ -185,9 +185,10 @@ def check_clock(ckpt: dict, name, testing: bool = False) -> None:
     A figure an earlier version did not write may be missing; its ``trees`` are read leniently (an entry not as
     vit.training.commits.code writes it is code not known)."""
     state = clock_state(ckpt)
-    positions = [v for k, v in ckpt.items() if k.endswith("DataModule") and isinstance(v, dict)]
-    if not testing and (state is None or not positions or any("images" not in v for v in positions)):
-        raise CheckpointError(f"{name}: written by an earlier version, which did not record its training clock and "
+    # (vit.data.resume.DataPosition's state, in a data module's: in loader batches before it was in images)
+    in_batches = any(isinstance(v, dict) and "train_epochs" in v and "images" not in v for v in ckpt.values())
+    if not testing and (state is None or in_batches):
+        raise CheckpointError(f"{name}: written by an earlier version, which did not record its training clock or "
                               f"its place in the data in images, so no run continues it exactly: test, classify, "
                               f"roll out or export it, or start a new run")
     if state is None:

@@ -297,11 +297,14 @@ class LogConfig(SaveConfigCallback):
 
 class WandbRunId(L.Callback):
     """Every checkpoint names the run's W&B run (``vit.wandb_run_id``; None without W&B), so that a resume
-    logs into that run."""
+    logs into that run, and the launch that wrote it (``vit.launch``: a SLURM job's ``slurm-<id>``, None for a
+    plain command), so that a requeued attempt knows its own (vit.cluster.runs.open_for_fit)."""
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        from vit.cluster.launch import launch_name
+
         wandb = wandb_logger(trainer.loggers)
-        checkpoint.setdefault("vit", {})["wandb_run_id"] = wandb.version if wandb else None
+        checkpoint.setdefault("vit", {}).update(wandb_run_id=wandb.version if wandb else None, launch=launch_name())
 
 
 def run_callbacks(trainer: dict, configured: list, step_checkpoint_minutes: float | None,

@@ -15,12 +15,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 # what a record's commit and diff leave out (`tree`): records, and pages that run nothing
 NOT_CODE = ("results", "docs", "README.md", "CITATION.cff", "LICENSE")
+# of the files git does not track, those that are code (a new module, recipe, plan or script, wherever it is): not
+# what commands write into the clone (an export, figures, a CSV, a log, a venv's binaries, a user's images)
+UNTRACKED_CODE = ("vit", "scripts", "configs", "experiments",
+                  *(f":(glob)**/*.{suffix}" for suffix in ("py", "yaml", "yml", "toml", "sh", "sbatch", "cfg")))
 
 
 def tree(repo: Path) -> tuple[dict, bytes | None]:
     """The commit checked out in ``repo`` and whether its files differ from it (``dirty``): a tracked file
-    changed, or a file git does not track and .gitignore does not ignore (a new module or recipe is code that
-    runs). When they do, the changes: ``git diff --binary HEAD`` of the tracked files and of the untracked ones
+    changed, or a file of code git does not track and .gitignore does not ignore (``UNTRACKED_CODE``: a new
+    module or recipe is code that runs). When they do, the changes: ``git diff --binary HEAD`` of the tracked files and of the untracked ones
     as new files (read through a copy of the index that adds them, the user's own index untouched), after a
     preamble that names the commit; ``git apply`` takes it. None and None outside a git checkout (an installed
     wheel: its version says what ran). Left out of both: results/, which holds records, what measuring writes,
@@ -47,12 +51,14 @@ def tree(repo: Path) -> tuple[dict, bytes | None]:
     if not (repo / ".git").exists() or (sha := text(git("rev-parse", "HEAD"))) is None:
         return {"commit": None, "dirty": None}, None
     sha = sha.strip()
-    status = text(git("status", "--porcelain", "--untracked-files=all", *code))
-    if status is None:  # (git failed: whether the tree is clean is not known)
+    status = text(git("status", "--porcelain", "--untracked-files=no", *code))
+    new = git("ls-files", "-z", "--others", "--exclude-standard", "--", *UNTRACKED_CODE, *code[2:])
+    if status is None or new is None:  # (git failed: whether the tree is clean is not known)
         return {"commit": sha, "dirty": None}, None
-    if not status.strip():
+    new = [name.decode(errors="surrogateescape") for name in new.split(b"\0") if name]
+    if not status.strip() and not new:
         return {"commit": sha, "dirty": False}, None
-    diff = _diff(repo, git, code)
+    diff = _diff(repo, git, code, new)
     if diff is None:  # (git failed: the record says dirty, its tables "the diff was not kept")
         return {"commit": sha, "dirty": True}, None
     preamble = [f"The uncommitted changes to {sha} that made the record beside this file: its tracked files' and, as",
@@ -62,10 +68,10 @@ def tree(repo: Path) -> tuple[dict, bytes | None]:
         ("\n".join(preamble) + "\n").encode(errors="surrogateescape") + diff
 
 
-def _diff(repo: Path, git, code: tuple[str, ...]) -> bytes | None:
-    """``git diff --binary HEAD`` of ``code``, the untracked files (not ignored) in it as new files: through a
-    copy of the index in which they are added as intended (``git add -N``), so that the user's index is left as
-    it is. None where git fails."""
+def _diff(repo: Path, git, code: tuple[str, ...], new: list[str]) -> bytes | None:
+    """``git diff --binary HEAD`` of ``code``, the untracked files of code (``new``) as new files: through a copy
+    of the index in which they are added as intended (``git add -N``), so that the user's index is left as it
+    is. None where git fails."""
     where = git("rev-parse", "--git-path", "index")  # (relative to ``repo``, or absolute in a worktree)
     if where is None:
         return None
@@ -78,7 +84,7 @@ def _diff(repo: Path, git, code: tuple[str, ...]) -> bytes | None:
             pass
         except OSError:
             return None
-        if git("add", "--intent-to-add", "--all", *code, index=index) is None:
+        if new and git("add", "--intent-to-add", "--", *new, index=index) is None:
             return None
         # the diff as `git apply` takes it, and the same bytes for the same changes, whatever the user's git
         # configuration (colour, prefixes, external tools, diff algorithm, context, hunks, renames, order,
