@@ -203,7 +203,7 @@ def test_n_processes_read_the_images_of_one_step_of_one_process(fake_cifar, pipe
         dm.trainer = SimpleNamespace(world_size=world, global_rank=rank, accumulate_grad_batches=1,
                                      lightning_module=None, strategy=SimpleNamespace(root_device=torch.device("cpu")))
         dm.setup("fit")
-        dm.position.epochs, dm.position.resume_at = epoch, (epoch, 40 * start, 0, 1) if start else None
+        dm.position.epochs, dm.position.resume_at = epoch, (epoch, 40 * start, 0) if start else None
         return [sorted((int(y), x.numpy().tobytes()) for x, y in zip(*batch)) for batch in dm.train_dataloader()]
 
     one = steps(1, 0)
