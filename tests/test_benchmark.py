@@ -102,10 +102,11 @@ def test_a_bounded_benchmark_stops_with_the_sections_left_and_the_same_command_f
     assert measured == ["model", "data", "step"] and "sections_pending" not in report
     assert report["date"] == first["date"] and report["model"] == first["model"]
     slow["model"] = 300.0  # (a bound of 3 s: however late the sections start, the first one is cut)
-    assert main([*command[:-3], str(tmp_path / "other.json"), "--minutes", "0.05"]) == 2
+    assert main([*command[:-3], str(tmp_path / "other.json"), "--minutes", "0.05"]) == 4  # (a stop, as any bound's)
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line == "error: section model alone takes longer than --minutes 0.05: raise --minutes, or measure fewer " \
-                   "rounds or presets"
+    assert line == "stopped: --minutes 0.05 ran out in section model, the first this command measured, which alone " \
+                   "takes longer: raise --minutes, or measure fewer rounds or presets"
+    assert json.loads((tmp_path / "other.json").read_text())["sections_pending"] == ["model", "data", "step"]
 
 
 def test_records_of_the_fast_paths_render_under_their_earlier_key_too():

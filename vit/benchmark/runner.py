@@ -29,8 +29,9 @@ def section(name: str, report: dict, args, device: torch.device, dtype: torch.dt
 def run(args) -> dict:
     """The sections asked, in order, into one report (written to --output after each). With --minutes, a
     section still running at the bound is cut short and the report lists it and the rest under
-    ``sections_pending`` (StoppedEarly); the same command again measures only those and completes the
-    report. The report's provenance is its first command's."""
+    ``sections_pending`` (StoppedEarly, exit 4: a time bound that runs out is a stop, never an error); the same
+    command again measures only those and completes the report, unless the first it measured was cut (then the
+    line says to raise --minutes). The report's provenance is its first command's."""
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[
         args.dtype if args.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")]
@@ -54,9 +55,10 @@ def run(args) -> dict:
                 section(name, report, args, device, dtype)
         except TimeBound:
             write_report(report, args.output)
-            if i == 0:
-                raise BenchmarkError(f"section {name} alone takes longer than --minutes {args.minutes:g}: "
-                                     f"raise --minutes, or measure fewer rounds or presets") from None
+            if i == 0:  # (the same command would stop here again)
+                raise StoppedEarly(f"--minutes {args.minutes:g} ran out in section {name}, the first this command "
+                                   f"measured, which alone takes longer: raise --minutes, or measure fewer rounds "
+                                   f"or presets") from None
             raise StoppedEarly(f"--minutes {args.minutes:g} ran out in section {name}: sections "
                                f"{', '.join(todo[i:])} remain. Run the same command again to measure them "
                                f"({args.output} keeps the sections done)") from None
