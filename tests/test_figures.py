@@ -8,6 +8,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -476,3 +477,20 @@ def test_a_record_the_runner_wrote_for_a_killed_job_never_satisfies_its_row(tmp_
 def test_a_scaled_rehearsal_never_writes_into_the_repositorys_records():
     done = run_figures("--plan", "gpu", "--scale", "0.5", "--render")
     assert done.returncode == 2 and done.stderr.startswith("error: --scale needs --results DIR"), done.stderr
+
+
+def test_a_job_killed_at_its_budget_leaves_no_half_written_kernel_for_the_next(tmp_path):
+    """The plan's jobs compile into a cache of the plan's own (TORCHINDUCTOR_CACHE_DIR under its runs folder, never
+    the user's); a job killed at its budget (here: one that writes a kernel file and sleeps) may leave a kernel half
+    written, which the next compile would load and fail on (torch 2.11: "ImportError: ... file too short"): the
+    kill empties that cache."""
+    runner = plans.Runner(tmp_path / "data", tmp_path / "runs", tmp_path / "results", scale=0.01)
+    job = next(job for job in plans.load(plans.find("gpu")).runs if isinstance(job, plans.Benchmark))
+    writes = ("import os, pathlib, time; d = pathlib.Path(os.environ['TORCHINDUCTOR_CACHE_DIR']); "
+              "d.mkdir(parents=True); (d / 'main.so').write_bytes(b'half'); print('written', flush=True); time.sleep(60)")
+    proc = runner.popen([sys.executable, "-c", writes], env=runner.environment(False), stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "written"
+    assert (tmp_path / "runs" / ".compile-cache" / "main.so").is_file()
+    started = time.monotonic()
+    assert runner.wait([(job, proc)]) == [None]  # killed at its budget (0.01 × its minutes)
+    assert time.monotonic() - started < 30 and not (tmp_path / "runs" / ".compile-cache").exists()

@@ -322,8 +322,15 @@ class Runner(Inputs):
                                       "output says why): the same command continues it")
         return True
 
+    def compile_cache(self) -> Path:
+        """Where the plan's jobs keep torch.compile's kernels (TORCHINDUCTOR_CACHE_DIR), shared by its rows: a job
+        killed at its budget may leave a kernel half written, which would fail every later compile that loads
+        it, so a kill empties this folder (``wait``), and the user's own cache is never the plan's."""
+        return self.runs_root / ".compile-cache"
+
     def environment(self, pinned: bool) -> dict[str, str]:
-        env = {**os.environ, **({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"} if pinned else {})}
+        env = {**os.environ, **({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"} if pinned else {}),
+               "TORCHINDUCTOR_CACHE_DIR": str(self.compile_cache())}
         if self.group:
             env["WANDB_RUN_GROUP"] = self.group  # wandb.init reads it: the plan's runs are one W&B group
         return env
@@ -340,6 +347,7 @@ class Runner(Inputs):
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+                shutil.rmtree(self.compile_cache(), ignore_errors=True)  # (a kernel may be half written)
                 budget = f"its {self.budget(job):g}-min budget" if self.budget(job) is not None else "the plan's budget"
                 print(f"[plan] {job.name}: killed at {budget}", flush=True)
                 codes.append(None)
