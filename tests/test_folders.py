@@ -29,6 +29,18 @@ def folders(tmp_path):
     return tmp_path
 
 
+
+def red_and_blue(tmp_path):
+    """An image folder of two classes, 16 images each (train/ only), and a tiny model's vit-train arguments for it
+    (2 epochs, --data.val_size 0.25)."""
+    root = tmp_path / "photos"
+    for name, colour in (("red", (200, 20, 20)), ("blue", (20, 20, 200))):
+        write_images(root / "train" / name, 16, colour, size=16)
+    return root, ["--data", "vit.data.ImageFolderDataModule", "--data.root", str(root), "--data.val_size", "0.25",
+                  "--data.batch_size", "8", "--data.num_workers", "0", "--model.arch.image_size", "16",
+                  "--model.arch.patch_size", "4", "--model.arch.dim", "16", "--model.arch.depth", "1",
+                  "--model.arch.heads", "2", "--trainer.max_epochs", "2"]
+
 def test_default_split_is_a_stratified_tenth_never_empty(folders):
     dm = ImageFolderDataModule(root=str(folders), image_size=32, num_workers=0, batch_size=4)
     assert dm.classes == ["blue", "red"] and dm.num_classes == 2
@@ -307,13 +319,8 @@ def test_a_run_resumed_on_a_changed_folder_validates_on_no_image_it_trained_on(t
     the test): the images each start took, as it trained (callbacks.RecordData)."""
     from helpers import TEST_LINE, train_here
 
-    root = tmp_path / "photos"
-    for name, colour in (("red", (200, 20, 20)), ("blue", (20, 20, 200))):
-        write_images(root / "train" / name, 16, colour, size=16)
-    args = ["--data", "vit.data.ImageFolderDataModule", "--data.root", str(root), "--data.val_size", "0.25",
-            "--data.batch_size", "8", "--data.num_workers", "0", "--model.arch.image_size", "16",
-            "--model.arch.patch_size", "4", "--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads",
-            "2", "--trainer.max_epochs", "2", "--trainer.logger", "false", "--trainer.callbacks+=callbacks.RecordData"]
+    root, args = red_and_blue(tmp_path)
+    args += ["--trainer.logger", "false", "--trainer.callbacks+=callbacks.RecordData"]
     run = tmp_path / "runs/smoke/version_0"
     assert train_here(tmp_path, None, *args, "--test_after_fit", "false",
                       "--trainer.callbacks+=callbacks.StopAfterEpoch", "--trainer.callbacks.epoch", "0") == 0, \
@@ -423,13 +430,8 @@ def test_a_folder_resume_keeps_the_checkpoints_split_in_any_words_and_refuses_an
     from helpers import errors_of, train_here
     from vit.data import folder_index
 
-    root = tmp_path / "photos"
-    for name, colour in (("red", (200, 20, 20)), ("blue", (20, 20, 200))):
-        write_images(root / "train" / name, 16, colour, size=16)
-    args = ["--data", "vit.data.ImageFolderDataModule", "--data.root", str(root), "--data.val_size", "0.25",
-            "--data.batch_size", "8", "--data.num_workers", "0", "--model.arch.image_size", "16",
-            "--model.arch.patch_size", "4", "--model.arch.dim", "16", "--model.arch.depth", "1", "--model.arch.heads",
-            "2", "--trainer.max_epochs", "2", "--test_after_fit", "false"]
+    root, args = red_and_blue(tmp_path)
+    args += ["--test_after_fit", "false"]
     run = tmp_path / "runs/smoke/version_0"
     last = run / "checkpoints/last.ckpt"
     assert train_here(tmp_path, None, *args, "--trainer.logger", "false",
