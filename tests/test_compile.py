@@ -55,7 +55,7 @@ def test_fast_recipe_compiles_once_per_image_size_and_equals_eager(tmp_path, fak
     fp32 kernels sum in another order: up to 1.8e-4 measured, 2026-11-23, 2-core AMD EPYC); with
     AdamW, since timm's Muon orthogonalises in bf16, where a last-bit difference in a gradient flips
     roundings (0.9 % to 5.6 % of an update, by the data's draws: no margin to assert); Muon compiled runs
-    in the next test. Dynamo compiles the model once per image size and once for evaluation (no graph
+    in the next test. Dynamo compiles the step once per image size and the model once for evaluation (no graph
     break: E_pos's resampling is traced too)."""
     import torch._dynamo
     import torch._inductor.config
@@ -86,10 +86,10 @@ def test_fast_recipe_compiles_once_per_image_size_and_equals_eager(tmp_path, fak
             weights[compiled] = load(tmp_path / "runs" / "vit_cifar10_fast" / f"compiled-{compiled}" / "checkpoints" /
                                      "last.ckpt")["state_dict"]
     counters = torch._dynamo.utils.counters
-    # graphs: the model's forward at 16, 24, 32 px and in evaluation; AutoAugment (32 px, as stored); random
-    # erasing at 16, 24, 32 px
+    # graphs: the step's loss (the model's forward in it) at 16, 24, 32 px, the model in evaluation; AutoAugment
+    # (32 px, as stored); random erasing at 16, 24, 32 px; the divergence guard's watch
     assert frames["ok"] == frames["total"], frames
-    assert counters["stats"]["unique_graphs"] == 8 and not counters["graph_break"], dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 9 and not counters["graph_break"], dict(counters["graph_break"])
     for key, eager in ((k, v) for k, v in weights[False].items() if k in initial):
         compiled, start = weights[True][key], initial[key]
         moved = (eager - start).norm()
@@ -123,3 +123,29 @@ def test_fast_recipe_as_a_user_runs_it_bf16_compiled_with_muon(tmp_path, fake_ci
     assert record["test_top1"] == float(re.search(TEST_LINE, out).group(3))
     assert "time_to_val_acc" in record and record["steps"] == 400 // 50  # 2 steps at 16 px, 2 at 24, 4 at 32
     assert all(torch.isfinite(w).all() for w in load(run / "checkpoints" / "last.ckpt")["state_dict"].values())
+
+
+@needs_compile
+@pytest.mark.lowest  # (torch 2.11's Inductor: pyproject.toml)
+def test_the_divergence_guards_compiled_watch_keeps_eagers_values_in_one_graph():
+    """StopOnNonFinite's watch over a run's steps (a NaN loss at step 3, an inf gradient norm at step 5): the
+    compiled graph (a compiled recipe's) keeps the first bad step and the last finite loss as eager does, and
+    compiles once whatever the step number."""
+    import torch._dynamo
+
+    from vit.training.guards import watch
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(watch, fullgraph=True, dynamic=True)
+    losses = [2.0, 1.5, 1.2, float("nan"), 1.0, 0.9]
+    norms = [1.0, 1.0, 1.0, 1.0, 1.0, float("inf")]
+    for start in (0, 2):  # a NaN first seen at step 3, or (from step 4 on) an inf norm first seen at step 5
+        state = {f: (torch.tensor(-1), torch.tensor(float("nan"))) for f in (watch, compiled)}
+        for step in range(start * 2, len(losses)):
+            for f in (watch, compiled):
+                state[f] = f(torch.tensor(losses[step]), torch.tensor(norms[step]), *state[f], step)
+        (bad, last), (bad_c, last_c) = state[watch], state[compiled]
+        assert int(bad) == int(bad_c) == (3 if start == 0 else 5)
+        assert float(last) == float(last_c) == pytest.approx(1.2 if start == 0 else 1.0)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1

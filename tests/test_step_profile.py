@@ -72,17 +72,17 @@ def test_the_count_sees_a_host_sync():
 @pytest.mark.long
 def test_the_fast_recipes_compiled_step_issues_few_ops_outside_its_graphs(tmp_path, data):
     """The fast recipe as it is (default model, compiled, bf16-mixed), batch 64: Muon's step (with the gradient
-    norm and clipping) runs inside its compiled graphs, with no recompile over steps whose lr changes; at most
-    120 ops a step outside the compiled graphs that launch a kernel, and no host sync. The recipe's record
-    (results/step-profile/, docs/speed.md: 189 of them before the step was compiled, on an AMD EPYC, 2
-    threads; about 90 after) is below the limit with a margin; the count does not depend on the CPU (it counts
-    ops, not time)."""
+    norm and clipping) runs inside its compiled graphs, with no recompile over steps whose lr changes, and so
+    do the loss, the training metrics' sums and the divergence guard's watch; at most 60 ops a step outside
+    the compiled graphs that launch a kernel, and no host sync. The recipe's record (results/step-profile/,
+    docs/speed.md) is below the limit with a margin; the count does not depend on the CPU (it counts ops, not
+    time)."""
     counts = profile(tmp_path, data, tmp_path / "profile.json")
     assert counts["compiled"] is True and counts["precision"] == "bf16-mixed" and counts["compiles"] == 0
     assert counts["host_syncs_per_step"] == 0, counts["host_syncs_by_caller_per_step"]
     launching = counts["top_launching_ops_per_step"]
     assert not [name for name in launching if "_foreach" in name or name == "aten::baddbmm"], launching
-    assert counts["launching_ops_outside_compiled_per_step"] <= 120, launching
+    assert counts["launching_ops_outside_compiled_per_step"] <= 60, launching
 
 
 def test_clipping_takes_torchs_norm_in_few_ops():

@@ -189,6 +189,14 @@ class Watchdog(L.Callback):
 FAILED, READ = "failed", "read"  # the first failure (status, rank, line); how many processes read it
 
 
+def watch(loss: torch.Tensor, norm: torch.Tensor, bad_step: torch.Tensor, last_finite: torch.Tensor,
+          step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first step whose loss or gradient norm is not finite (-1: none yet), and the last finite loss."""
+    finite = torch.isfinite(loss) & torch.isfinite(norm)
+    bad_step = torch.where((bad_step < 0) & ~finite, step, bad_step)
+    return bad_step, torch.where((bad_step < 0) & finite, loss, last_finite)
+
+
 class StopOnNonFinite(L.Callback):
     """Stop training with ``TrainingDiverged`` when the loss or the gradient norm becomes non-finite (the
     module's ``grad_norm``: the norm its clipping takes, not a second one; vit.training.module).
@@ -215,15 +223,15 @@ class StopOnNonFinite(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         loss = (outputs["loss"] if isinstance(outputs, dict) else outputs).detach().float()
-        finite = torch.isfinite(loss)
         # the module's gradient norm of its last optimizer step (taken once, for clipping and for this); not
         # under fp16, whose grad scaler skips inf steps by design
         norm = getattr(pl_module, "grad_norm", None)
-        if norm is not None and not str(trainer.precision).startswith("16"):
-            finite = finite & torch.isfinite(norm)
-        first = (self.bad_step < 0) & ~finite
-        self.bad_step = torch.where(first, trainer.global_step - 1, self.bad_step)
-        self.last_finite = torch.where((self.bad_step < 0) & finite, loss, self.last_finite)
+        norm = loss if norm is None or str(trainer.precision).startswith("16") else norm
+        if not hasattr(self, "watch"):  # one small graph when the model is compiled (the step a symbol in it)
+            self.watch = torch.compile(watch, fullgraph=True, dynamic=True) if pl_module.hparams.get("compile") \
+                else watch
+        self.bad_step, self.last_finite = self.watch(loss, norm, self.bad_step, self.last_finite,
+                                                     trainer.global_step - 1)
 
     def on_validation_start(self, trainer, pl_module):
         if hasattr(self, "bad_step"):

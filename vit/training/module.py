@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from jsonargparse.typing import ClosedUnitInterval, NonNegativeFloat, OpenUnitInterval, PositiveFloat, PositiveInt
 from lightning.pytorch.utilities import rank_zero_info
-from torchmetrics import MaxMetric, MeanMetric
+from torchmetrics import MaxMetric, MeanMetric, Metric
 from torchmetrics.classification import MulticlassAccuracy
 
 from vit.exits import ConfigError
@@ -133,6 +133,22 @@ def _group(name: str, value):
                       f"e.g. --model.{name}.{next(iter(cls.__dataclass_fields__))}")
 
 
+class Sums(Metric):
+    """Sums kept on the device, one add a step, summed over processes when computed (torchmetrics' sync)."""
+
+    full_state_update = False
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.add_state("sums", torch.zeros(n), dist_reduce_fx="sum")
+
+    def update(self, values: torch.Tensor) -> None:
+        self.sums += values
+
+    def compute(self) -> torch.Tensor:
+        return self.sums
+
+
 class ViTClassifier(L.LightningModule):
     """ViT + the recipe: AdamW, or Muon for the blocks' matrices (no decay on the model's no-decay set),
     warmup + cosine per step, smaller images early (progressive resizing), label smoothing, random
@@ -217,7 +233,7 @@ class ViTClassifier(L.LightningModule):
         k, top5 = arch.num_classes, min(5, arch.num_classes)
         accuracy = functools.partial(MulticlassAccuracy, k, average="micro", validate_args=False)
         mean = functools.partial(MeanMetric, nan_strategy="disable")
-        self.train_acc, self.train_loss = accuracy(top_k=1), mean()
+        self.train_sums = Sums(3)  # the training loss × images, the correct top-1, the images
         self.val_acc, self.val_acc5, self.val_loss = accuracy(top_k=1), accuracy(top_k=top5), mean()
         self.val_acc_best = MaxMetric(nan_strategy="disable")
         self.val_acc_best.persistent(True)  # survives a resume
@@ -265,22 +281,34 @@ class ViTClassifier(L.LightningModule):
             x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
         if self.augmentation_config.random_erasing > 0:
             x = self.erase(x)
+        targets = labels
         if self.mixup_fn is not None:
-            x, soft_targets = self.mixup_fn(x, labels)
-            logits = self.model(x)
-            loss = F.cross_entropy(logits, soft_targets)  # probability targets (smoothing already in them)
-        else:
-            logits = self.model(x)
-            loss = F.cross_entropy(logits, labels, label_smoothing=self.augmentation_config.label_smoothing)
-        self.train_loss.update(loss.detach())
-        self.train_acc.update(logits.detach(), labels)
+            x, targets = self.mixup_fn(x, labels)  # probability targets (smoothing already in them)
+        if getattr(self, "losses", None) is None:
+            self.losses = torch.compile(self.loss, fullgraph=True, dynamic=False) if self.hparams.compile \
+                else self.loss
+        loss, sums = self.losses(x, targets, labels)
+        self.train_sums.update(sums)
         # on the device until the loggers read it, every log_every_n_steps steps (the progress bar shows
         # that value: vit.training.progress)
         self.log("train/loss_step", loss.detach(), on_step=True, on_epoch=False)
         return loss
 
+    def loss(self, x: torch.Tensor, targets: torch.Tensor, labels: torch.Tensor):
+        """The step's loss, and its sums for the training metrics (loss × images, correct top-1 against the
+        images' own labels, images): in one graph with the model's forward and backward when it is compiled,
+        so that none of it is a launch of its own on a GPU."""
+        logits = self.model(x)
+        smoothing = 0.0 if self.mixup_fn is not None else self.augmentation_config.label_smoothing
+        loss = F.cross_entropy(logits, targets, label_smoothing=smoothing)
+        images = torch.full_like(loss, labels.shape[0], dtype=torch.float32)
+        correct = (logits.detach().argmax(-1) == labels).sum().float()
+        return loss, torch.stack([loss.detach().float() * images, correct, images])
+
     def on_train_epoch_end(self):
-        self.log_dict({"train/loss": self.train_loss, "train/acc": self.train_acc})
+        loss, correct, images = self.train_sums.compute()  # summed over processes
+        self.train_sums.reset()
+        self.log_dict({"train/loss": loss / images, "train/acc": correct / images})
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
         """The step's total gradient norm, taken once (``grad_norm``), and clipping by norm with it as torch's
