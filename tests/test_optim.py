@@ -147,7 +147,7 @@ def test_the_step_is_a_few_ops_with_no_read_of_a_scalar():
 TINY = dict(image_size=16, patch_size=4, dim=16, depth=1, heads=2, mlp_ratio=2.0)
 
 
-@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.long)], ids=["eager", "compiled"])
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=[pytest.mark.long, pytest.mark.lowest])], ids=["eager", "compiled"])
 def test_the_step_takes_the_norm_clips_and_is_timms_at_a_changing_lr(compiled):
     """The step with clipping (max_norm) as the recipe runs it: the gradients' norm is torch's, they are clipped
     as clip_grad_norm_ clips them, then the update is timm's, at an lr that changes every step as timm's

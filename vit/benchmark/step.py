@@ -39,10 +39,10 @@ def training_step(config: ViTConfig, batch_size: int, device: torch.device, dtyp
         model.compile(**compile_options)
     fused = {"fused": True} if device.type == "cuda" else {}
     if muon_ns:
-        from vit.training.optim import Muon, step_compiles
+        from vit.training.optim import Muon
 
         opt = Muon(module.param_groups(1e-4, 1e-4), lr=1e-4, weight_decay=0.05, ns_dtype=muon_ns,
-                   compiled=step_compiles(compile_options is not None))
+                   compiled=compile_options is not None)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **fused)
     n = batch_size * batches

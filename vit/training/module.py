@@ -402,14 +402,14 @@ class ViTClassifier(L.LightningModule):
         rank_zero_info(f"global batch {global_batch}{split}: lr {o.lr:g} × {global_batch}/{o.lr_batch_size} = {lr:g}; "
                        f"{self.schedule.warmup} warmup steps, then cosine to {s.min_lr:g} at {length}")
         if o.name == "muon":
-            from vit.training.optim import Muon, ns_dtype, step_compiles
+            from vit.training.optim import Muon, ns_dtype
 
             muon_lr = (o.muon_lr or o.lr) * global_batch / o.lr_batch_size
             dtype = ns_dtype(self.device)
             rank_zero_info(f"Muon for the blocks' matrices (lr {muon_lr:g}), its Newton–Schulz iteration in "
                            f"{str(dtype).removeprefix('torch.')}")
             optimizer = Muon(self.param_groups(lr, muon_lr), lr=muon_lr, weight_decay=o.weight_decay,
-                             betas=o.betas, ns_dtype=dtype, compiled=step_compiles(self.hparams.compile))
+                             betas=o.betas, ns_dtype=dtype, compiled=self.hparams.compile)
         else:
             fused = self.device.type == "cuda"
             optimizer = create_optimizer_v2(self.model, "adamw", lr=lr, weight_decay=o.weight_decay,

@@ -46,13 +46,6 @@ import timm.optim.muon as timm_muon
 import torch
 
 
-def step_compiles(asked: bool) -> bool:
-    """Whether Muon's step runs compiled (``Muon(compiled=...)``) when the model is: with torch 2.14 or later. Torch
-    2.11's dynamo stops on it ("Unsupported: Observed exception", make test-lowest), so there the step stays eager,
-    as it was before it compiled (the same numbers, more ops a step)."""
-    return asked and torch.__version__ >= "2.14"
-
-
 def ns_dtype(device: torch.device) -> torch.dtype:
     """The iteration's dtype: bfloat16 on a GPU, float32 on a CPU. The rule reads the device's type alone, so
     every process of a run chooses alike (its updates must agree)."""
@@ -178,7 +171,7 @@ def muon_update(params: list, buffers: list, lr, options: dict, ns_dtype: torch.
     for i, p in enumerate(params):
         scale = timm_muon.get_lr_scale(p.shape, options["adjust_lr_fn"]) if options["adjust_lr_fn"] else 1.0
         batches.setdefault((tuple(sorted(p.shape)), scale, p.dtype, p.device), [[], []])[
-            p.shape[0] > p.shape[1]].append(i)
+            int(p.shape[0] > p.shape[1])].append(i)
     for (_, scale, dtype, _), (wide, tall) in batches.items():
         ortho = timm_muon.zeropower_via_newtonschulz(
             torch.stack([updates[i] for i in wide] + [updates[i].mT for i in tall]), options["ns_steps"],
