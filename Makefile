@@ -160,7 +160,8 @@ LOWEST_TORCH ?= torch==2.11.0 torchvision==0.26.0
 LOWEST_TESTS ?= tests/test_train.py tests/test_classify.py tests/test_rollout.py tests/test_hub.py \
   tests/test_demo.py tests/test_folders.py tests/test_sync.py tests/test_compile.py tests/test_device_augment.py \
   tests/test_figures.py::test_the_gpu_plan_rehearsed_on_a_cpu_writes_every_rows_record_inside_its_scaled_budget \
-  tests/test_optim.py::test_the_step_takes_the_norm_clips_and_is_timms_at_a_changing_lr
+  tests/test_optim.py::test_the_step_takes_the_norm_clips_and_is_timms_at_a_changing_lr \
+  tests/test_evaluation.py::test_training_loss_and_accuracy_are_over_images_with_uneven_batches
 test-lowest: $(VENV)/.installed-dev
 	test -x $(LOWEST)/bin/python || $(PYTHON) -m venv $(LOWEST)
 	$(BIN)/python scripts/lowest_versions.py $(LOWEST_TORCH) > $(LOWEST)/lowest.txt

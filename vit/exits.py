@@ -101,7 +101,8 @@ EXITS = (
                            "started or finished no batch for `--ddp_timeout` seconds (waiting for its data, or "
                            "for the others in a collective: it prints where each of its threads is; a start and "
                            "a first batch of each image size, where torch.compile compiles, get an hour), or one "
-                           "died (under gloo or NCCL): one line from each process. Where one process fails for "
+                           "died (under gloo or NCCL), or one alone was sent SIGTERM (the others end so when it stops at "
+                           "its step's end): one line from each process. Where one process fails for "
                            "another cause, the others end with its status and a line that names it", "yes"),
     Exit(6, StorageFull, "the disk is full or the quota exceeded: one line names the path, the run's last good "
                          "checkpoint and the command that resumes; no checkpoint is torn (each is written whole "

@@ -133,6 +133,28 @@ def _group(name: str, value):
                       f"e.g. --model.{name}.{next(iter(cls.__dataclass_fields__))}")
 
 
+@functools.cache
+def compiled(fn):
+    """``fn`` as one torch.compile graph (fullgraph, static shapes: one graph per image size), compiled once per
+    process, not per module: nothing compiled is kept on a module (which then deep-copies and pickles)."""
+    return torch.compile(fn, fullgraph=True, dynamic=False)
+
+
+def graph(fn, compile: bool):
+    return compiled(fn) if compile else fn
+
+
+def step_loss(model, x: torch.Tensor, targets: torch.Tensor, labels: torch.Tensor, smoothing: float):
+    """A training step's loss, and its sums for the training metrics (loss × images, correct top-1 against the
+    images' own labels, images): in one graph with the model's forward and backward when the model is compiled,
+    so that none of it is a launch of its own on a GPU."""
+    logits = model(x)
+    loss = F.cross_entropy(logits, targets, label_smoothing=smoothing)
+    images = torch.full_like(loss, labels.shape[0], dtype=torch.float32)
+    correct = (logits.detach().argmax(-1) == labels).sum().float()
+    return loss, torch.stack([loss.detach().float() * images, correct, images])
+
+
 class Sums(Metric):
     """Sums kept on the device, one add a step, summed over processes when computed (torchmetrics' sync)."""
 
@@ -140,7 +162,7 @@ class Sums(Metric):
 
     def __init__(self, n: int):
         super().__init__()
-        self.add_state("sums", torch.zeros(n), dist_reduce_fx="sum")
+        self.add_state("sums", torch.zeros(n, dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, values: torch.Tensor) -> None:
         self.sums += values
@@ -284,31 +306,19 @@ class ViTClassifier(L.LightningModule):
         targets = labels
         if self.mixup_fn is not None:
             x, targets = self.mixup_fn(x, labels)  # probability targets (smoothing already in them)
-        if getattr(self, "losses", None) is None:
-            self.losses = torch.compile(self.loss, fullgraph=True, dynamic=False) if self.hparams.compile \
-                else self.loss
-        loss, sums = self.losses(x, targets, labels)
+        smoothing = 0.0 if self.mixup_fn is not None else self.augmentation_config.label_smoothing
+        loss, sums = graph(step_loss, self.hparams.compile)(self.model, x, targets, labels, smoothing)
         self.train_sums.update(sums)
         # on the device until the loggers read it, every log_every_n_steps steps (the progress bar shows
         # that value: vit.training.progress)
         self.log("train/loss_step", loss.detach(), on_step=True, on_epoch=False)
         return loss
 
-    def loss(self, x: torch.Tensor, targets: torch.Tensor, labels: torch.Tensor):
-        """The step's loss, and its sums for the training metrics (loss × images, correct top-1 against the
-        images' own labels, images): in one graph with the model's forward and backward when it is compiled,
-        so that none of it is a launch of its own on a GPU."""
-        logits = self.model(x)
-        smoothing = 0.0 if self.mixup_fn is not None else self.augmentation_config.label_smoothing
-        loss = F.cross_entropy(logits, targets, label_smoothing=smoothing)
-        images = torch.full_like(loss, labels.shape[0], dtype=torch.float32)
-        correct = (logits.detach().argmax(-1) == labels).sum().float()
-        return loss, torch.stack([loss.detach().float() * images, correct, images])
-
     def on_train_epoch_end(self):
-        loss, correct, images = self.train_sums.compute()  # summed over processes
+        loss, correct, images = self.train_sums.compute()  # summed over processes: equal on every one
         self.train_sums.reset()
-        self.log_dict({"train/loss": loss / images, "train/acc": correct / images})
+        if images > 0:  # (none where a resume started at an epoch's last batch)
+            self.log_dict({"train/loss": loss / images, "train/acc": correct / images}, sync_dist=True)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
         """The step's total gradient norm, taken once (``grad_norm``), and clipping by norm with it as torch's
@@ -335,10 +345,9 @@ class ViTClassifier(L.LightningModule):
         process's RNG, the rectangles by torch.compile's graph when the model is compiled."""
         from vit.data.device_augment import erase, random_erasing_draws
 
-        if getattr(self, "erasing", None) is None:
-            self.erasing = torch.compile(erase, fullgraph=True, dynamic=False) if self.hparams.compile else erase
         draws = random_erasing_draws(x.shape[0], x.device)
-        return self.erasing(x, draws, self.augmentation_config.random_erasing, torch.randn_like(x))
+        return graph(erase, self.hparams.compile)(x, draws, self.augmentation_config.random_erasing,
+                                                   torch.randn_like(x))
 
     def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None):
         """The update, then the EMA's: both before the step's callbacks, so that a checkpoint written at the
