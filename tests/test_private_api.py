@@ -55,7 +55,8 @@ PUBLIC_SURFACES = ("lightning.pytorch.callbacks.Callback", "lightning.pytorch.Li
                    "lightning.pytorch.callbacks.ProgressBar", "lightning.fabric.plugins.io.CheckpointIO",
                    "torchvision.datasets.DatasetFolder", "pickle.Unpickler",
                    "torch.nn.Module", "torch.utils.data.Dataset", "torch.utils.data.Sampler", "logging.Filter",
-                   "argparse.HelpFormatter", "jsonargparse.ActionConfigFile", "pickle._Pickler")
+                   "argparse.HelpFormatter", "jsonargparse.ActionConfigFile", "pickle._Pickler",
+                   "torchmetrics.Metric")  # (its documented way to implement a metric: update, compute, full_state_update)
 
 
 def _resolve(dotted: str):
