@@ -6,8 +6,6 @@ ends a process that is stuck, which no collective can decide: the watchdog (exit
 
 from __future__ import annotations
 
-import functools
-
 import faulthandler
 import math
 import os
@@ -20,6 +18,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from vit.exits import LostProcesses, Preempted, TrainingDiverged, status_of
+from vit.training.graphs import graph
 from vit.training.loggers import wandb_logger
 
 
@@ -199,12 +198,6 @@ def watch(loss: torch.Tensor, norm: torch.Tensor, bad_step: torch.Tensor, last_f
     return bad_step, torch.where((bad_step < 0) & finite, loss, last_finite)
 
 
-@functools.cache
-def watching(compile: bool):
-    """``watch``, as one torch.compile graph for any step when ``compile`` (compiled once per process)."""
-    return torch.compile(watch, fullgraph=True, dynamic=True) if compile else watch
-
-
 class StopOnNonFinite(L.Callback):
     """Stop training with ``TrainingDiverged`` when the loss or the gradient norm becomes non-finite (the
     module's ``grad_norm``: the norm its clipping takes, not a second one; vit.training.module).
@@ -236,7 +229,7 @@ class StopOnNonFinite(L.Callback):
         norm = getattr(pl_module, "grad_norm", None)
         norm = loss if norm is None or str(trainer.precision).startswith("16") else norm.float()
         # one small graph when the model is compiled, the step a symbol in it
-        step = watching(bool(pl_module.hparams.get("compile")))
+        step = graph(watch, bool(pl_module.hparams.get("compile")), dynamic=True)
         self.bad_step, self.last_finite = step(loss, norm, self.bad_step, self.last_finite, trainer.global_step - 1)
 
     def on_validation_start(self, trainer, pl_module):

@@ -22,6 +22,7 @@ from vit.exits import ConfigError
 from vit.models.model import ViTConfig, VisionTransformer, flops_per_image, load_pretrained
 from vit.models.preprocessing import CIFAR10_MEAN, CIFAR10_STD, Metadata, Normalize
 from vit.training import schedule
+from vit.training.graphs import graph
 from vit.training.schedule import Schedule, check_stages, shared_clock
 
 
@@ -131,17 +132,6 @@ def _group(name: str, value):
         return cls(**value)
     raise ConfigError(f"{name} is a group of options ({', '.join(cls.__dataclass_fields__)}), not {value!r}: "
                       f"e.g. --model.{name}.{next(iter(cls.__dataclass_fields__))}")
-
-
-@functools.cache
-def compiled(fn):
-    """``fn`` as one torch.compile graph (fullgraph, static shapes: one graph per image size), compiled once per
-    process, not per module: nothing compiled is kept on a module (which then deep-copies and pickles)."""
-    return torch.compile(fn, fullgraph=True, dynamic=False)
-
-
-def graph(fn, compile: bool):
-    return compiled(fn) if compile else fn
 
 
 def step_loss(model, x: torch.Tensor, targets: torch.Tensor, labels: torch.Tensor, smoothing: float):

@@ -45,6 +45,8 @@ from __future__ import annotations
 import timm.optim.muon as timm_muon
 import torch
 
+from vit.training.graphs import graph
+
 
 def ns_dtype(device: torch.device) -> torch.dtype:
     """The iteration's dtype: bfloat16 on a GPU, float32 on a CPU. The rule reads the device's type alone, so
@@ -71,8 +73,7 @@ class Muon(timm_muon.Muon):
         super().__init__(params, **kwargs)
         self.ns_dtype, self.compiled, self.max_norm = ns_dtype, compiled, max_norm
         self.grad_norm: torch.Tensor | None = None
-        graph = (lambda f: torch.compile(f, fullgraph=True, dynamic=False)) if compiled else (lambda f: f)
-        self._clip, self._muon, self._adamw = graph(clip), graph(muon_update), graph(adamw_update)
+        self._clip, self._muon, self._adamw = (graph(f, compiled) for f in (clip, muon_update, adamw_update))
         self._lrs: list[torch.Tensor] = []
 
     @torch.no_grad()
