@@ -164,7 +164,7 @@ def test_a_process_waiting_for_process_zeros_index_says_so_until_it_comes(capsys
     each says so at every interval (a minute in a run), and stops saying it once the index came."""
     import time
 
-    from vit.data.folder_index import _Every
+    from vit.cluster.launch import _Every
 
     waiting = _Every(0.05, "process 1: still waiting for process 0's folder index")
     lines, deadline = [], time.monotonic() + 30

@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
+import threading
+from datetime import timedelta
+from typing import Callable, TypeVar
 
-from vit.exits import Stopped, status_of
+from vit.exits import BadInput, Stopped, status_of
 
+T = TypeVar("T")
 MAX_REQUEUES = 20  # an array task's requeues before it says how to continue instead (as train.sbatch's default)
 REQUEUER = "VIT_REQUEUER"  # what requeues this job when its run stops on SIGUSR1: set by the script that runs it
 # The batch shell of a job lives through a SIGUSR1 sent to it too (`scancel --full`, `--signal=B:...`): without a
@@ -203,3 +208,54 @@ def parallelism(trainer: dict, ddp_timeout: float) -> dict:
     kwargs["plugins"] = [*(plugins if isinstance(plugins, list) else [plugins]), AtomicCheckpointIO(),
                          *([SLURMEnvironment(auto_requeue=False)] if slurm_job() else [])]
     return kwargs
+
+
+def from_process_zero(make: Callable[[], T]) -> T:
+    """``make()`` run by process 0 only, its result (or its BadInput error) given to every process. One
+    broadcast, on a gloo group of its own without a practical time limit (as Lightning's prepare_data
+    barrier): the others wait for as long as process 0 checks images, and say so once a minute; if process 0
+    dies, the broadcast fails on the others at once (its connection closes), never a silent hang."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return make()
+    group = dist.new_group(backend="gloo", timeout=timedelta(days=10))  # every process, in the same order
+    box: list = [None]
+    rank, world = dist.get_rank(), dist.get_world_size()
+    # a long wait is said once a minute, by process 1 for all the others (process 0 says what it does: its
+    # index read, or every image checked), so that a job's one log gets one line a minute
+    others = "process 1" if world == 2 else f"processes 1 to {world - 1}"
+    waiting = _Every(60.0, f"{others}: still waiting for process 0's folder index") if rank == 1 else None
+    try:
+        if rank == 0:
+            try:
+                box[0] = make()
+            except BadInput as e:
+                box[0] = e
+        dist.broadcast_object_list(box, src=0, group=group)
+    finally:
+        if waiting is not None:
+            waiting.stop()
+        dist.destroy_process_group(group)
+    if isinstance(box[0], BadInput):
+        raise box[0]
+    return box[0]
+
+
+class _Every:
+    """``line`` on stderr every ``seconds`` from a daemon thread, with the minutes waited, until stop()."""
+
+    def __init__(self, seconds: float, line: str):
+        self.seconds, self.line, self.done = seconds, line, threading.Event()
+        self.thread = threading.Thread(target=self._run, name="vit-index-wait", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        waited = 0.0
+        while not self.done.wait(self.seconds):
+            waited += self.seconds
+            print(f"{self.line} ({waited / 60:.0f} min)", file=sys.stderr, flush=True)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()  # (no line after this returns)

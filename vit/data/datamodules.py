@@ -29,6 +29,7 @@ from torch.utils.data import default_collate
 from torchvision.datasets import ImageFolder
 from torchvision.transforms import v2
 
+from vit.cluster.launch import from_process_zero
 from vit.data import cifar, folder_index
 from vit.data.cifar import DatasetError
 from vit.exits import ConfigError
@@ -529,7 +530,7 @@ class ImageFolderDataModule(ImageDataModule):
                 if folder.is_dir() else []
             if extra:
                 raise DatasetError(f"{folder} has class folders that train/ lacks: {', '.join(extra)}")
-        return folder_index.from_process_zero(partial(folder_index.index, self.root, self.classes, self.index_path(),
+        return from_process_zero(partial(folder_index.index, self.root, self.classes, self.index_path(),
                                                       self.num_workers, rank_zero_info))
 
     def _skip_bad(self, index: folder_index.FolderIndex, datasets: list[ClassFolder]) -> None:

@@ -3,7 +3,7 @@ class, and those that cannot be read. Checking every image (``vit.data.images.ch
 the index is built that way once per state of the folder, by one process, and kept in a file (by default
 ``folder_index.json`` in the run folder), which later starts — a resume, a requeued job — reuse. Under
 DDP, process 0 alone walks the folder and reads or builds the index; the other processes receive it
-(``from_process_zero``) and read no image of the training folder until training (each lists ``val/`` and
+(vit.cluster.launch.from_process_zero) and read no image of the training folder until training (each lists ``val/`` and
 ``test/``).
 
 The state of the folder is the digest of its image files' (path, size, modification time in ns), listed in
@@ -18,21 +18,17 @@ import json
 import os
 import secrets
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable
 
-from vit.exits import BadInput, DatasetError
+from vit.exits import DatasetError
 from vit.data.images import IMAGE_SUFFIXES, check_image
 
 FORMAT = 1  # written in each index; raise it when what check_image refuses changes
 NAME = "folder_index.json"
 SPLITS = ("train", "val", "test")
-
-T = TypeVar("T")
 
 
 @dataclass
@@ -149,57 +145,6 @@ def index(root: Path, classes: list[str], path: Path | None, threads: int, say: 
     if path is not None and (why := write(path, digest, root, len(every), bad)):
         say(why)
     return FolderIndex(samples, bad, digest, built=True)
-
-
-def from_process_zero(make: Callable[[], T]) -> T:
-    """``make()`` run by process 0 only, its result (or its BadInput error) given to every process. One
-    broadcast, on a gloo group of its own without a practical time limit (as Lightning's prepare_data
-    barrier): the others wait for as long as process 0 checks images, and say so once a minute; if process 0
-    dies, the broadcast fails on the others at once (its connection closes), never a silent hang."""
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
-        return make()
-    group = dist.new_group(backend="gloo", timeout=timedelta(days=10))  # every process, in the same order
-    box: list = [None]
-    rank, world = dist.get_rank(), dist.get_world_size()
-    # a long wait is said once a minute, by process 1 for all the others (process 0 says what it does: its
-    # index read, or every image checked), so that a job's one log gets one line a minute
-    others = "process 1" if world == 2 else f"processes 1 to {world - 1}"
-    waiting = _Every(60.0, f"{others}: still waiting for process 0's folder index") if rank == 1 else None
-    try:
-        if rank == 0:
-            try:
-                box[0] = make()
-            except BadInput as e:
-                box[0] = e
-        dist.broadcast_object_list(box, src=0, group=group)
-    finally:
-        if waiting is not None:
-            waiting.stop()
-        dist.destroy_process_group(group)
-    if isinstance(box[0], BadInput):
-        raise box[0]
-    return box[0]
-
-
-class _Every:
-    """``line`` on stderr every ``seconds`` from a daemon thread, with the minutes waited, until stop()."""
-
-    def __init__(self, seconds: float, line: str):
-        self.seconds, self.line, self.done = seconds, line, threading.Event()
-        self.thread = threading.Thread(target=self._run, name="vit-index-wait", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        waited = 0.0
-        while not self.done.wait(self.seconds):
-            waited += self.seconds
-            say_on_stderr(f"{self.line} ({waited / 60:.0f} min)")
-
-    def stop(self) -> None:
-        self.done.set()
-        self.thread.join()  # (no line after this returns)
 
 
 def say_on_stderr(line: str) -> None:
