@@ -1,6 +1,6 @@
 """One process at a time trains in a run folder (vit.cluster.run_lock): a second one ends at once, naming the holder,
-touching nothing (no draft removed); a lock left by a process that died is taken over; the other processes of a
-multi-process launch wait for their rank 0, or end with its line."""
+touching nothing (no draft removed); a lock left by a process that died is taken over; the same rule on a file
+system that refuses locks and on one whose locks are local to a node."""
 
 import json
 import logging
@@ -17,7 +17,7 @@ import pytest
 
 from helpers import digest, train_here
 from vit.cluster import run_lock, runs
-from vit.exits import LostProcesses, RunError
+from vit.exits import RunError
 
 HOLD = ("import sys, time; from pathlib import Path; from vit.cluster import run_lock; run_lock.take(Path(sys.argv[1])); "
         "print('held', flush=True); time.sleep(300)")
@@ -65,89 +65,6 @@ def test_a_second_process_ends_at_once_naming_the_holder_and_a_dead_holders_lock
     finally:
         run_lock.release()
     assert (run / run_lock.LOCK).read_text() == ""  # released: nobody holds it, nobody to name
-
-
-def test_the_other_processes_of_a_launch_wait_for_their_rank_zero_or_end_with_its_line(tmp_path, monkeypatch, capsys):
-    job = {"SLURM_NTASKS": "2", "SLURM_JOB_ID": "41", "SLURM_JOB_NAME": "train"}
-    for key in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RUN_ID"):
-        monkeypatch.delenv(key, raising=False)
-    run = tmp_path / "slurm-41"
-    holder = hold(run, **job)  # rank 0 of job 41
-    try:
-        for key, value in job.items():
-            monkeypatch.setenv(key, value)
-        started = time.monotonic()
-        run_lock.wait_for_rank_zero(run, seconds=120)  # rank 1 of the same job: goes on at once,
-        assert time.monotonic() - started < 60  # not after its wait
-        monkeypatch.setenv("SLURM_JOB_ID", "42")  # a process of another job for the same folder
-        named = rf"{run} is in use: another process trains in it \(pid {holder.pid} on \S+ \(SLURM job 41\), since "
-        with pytest.raises(RunError, match=named):
-            run_lock.wait_for_rank_zero(run, seconds=60)
-        monkeypatch.setenv("SLURM_JOB_ID", "41")
-        monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # requeued, while its last attempt still holds it
-        with pytest.raises(RunError):
-            run_lock.wait_for_rank_zero(run, seconds=60)
-    finally:
-        holder.kill()
-        holder.wait()
-    started = time.monotonic()
-    with pytest.raises(LostProcesses, match=f"^process 0 of this launch did not take {run}'s lock within 1 s"):
-        run_lock.wait_for_rank_zero(run, seconds=1)  # nobody took it (rank 0 failed before): it ends, never alone
-    assert 1 <= time.monotonic() - started < 60
-
-
-def test_a_process_waiting_for_what_its_rank_zero_writes_ends_when_rank_zero_ends_before(tmp_path, monkeypatch):
-    """Rank 0 of the job holds the folder and ends (it failed) before it names the checkpoint it resumes from: the
-    others end at once (exit 5: a process of the launch was lost), instead of waiting out their time and then in
-    the process group for a rank 0 that is gone."""
-    import threading
-
-    from vit.exits import LostProcesses
-
-    job = {"SLURM_NTASKS": "2", "SLURM_JOB_ID": "41", "SLURM_JOB_NAME": "train"}
-    for key in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RUN_ID"):
-        monkeypatch.delenv(key, raising=False)
-    for key, value in job.items():
-        monkeypatch.setenv(key, value)
-    run = tmp_path / "slurm-41"
-    holder = hold(run, **job)
-    ends = threading.Timer(1.0, holder.kill)
-    ends.start()
-    try:
-        started = time.monotonic()
-        with pytest.raises(LostProcesses, match=f"^process 0 of this launch let {run}'s lock go before it named the "
-                                                f"checkpoint it resumes from"):
-            run_lock.wait_for_rank_zero(run, seconds=120, needs="resumes_from")
-        assert 0.5 < time.monotonic() - started < 60
-    finally:
-        ends.cancel()
-        holder.kill()
-        holder.wait()
-
-
-def test_a_record_of_this_launch_counts_once_read_alike_twice(tmp_path, monkeypatch):
-    """A lock held over a record of this launch that names a checkpoint, as an earlier holder of the same launch
-    left it (killed), while the new rank 0 has not yet written its own: the record, read alike twice, is taken only
-    when it stays (here it does: the test holds the lock over it); a record that changes is read again."""
-    from vit.cluster.run_lock import identity
-
-    run = tmp_path / "run"
-    run.mkdir()
-    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    records = iter([{"launch": identity(), "pid": 1, "resumes_from": "last.ckpt", "since": now},
-                    {"launch": identity(), "pid": 2, "resumes_from": "step.ckpt", "since": now}])
-    reads = []
-
-    def read(fd):
-        record = next(records, None) or reads[-1]
-        reads.append(record)
-        return record
-
-    monkeypatch.setattr(run_lock, "_read", read)
-    monkeypatch.setattr(run_lock, "_locked", lambda fd: True)
-    (run / run_lock.LOCK).write_text("{}")
-    told = run_lock.wait_for_rank_zero(run, seconds=30, poll=0.01, needs="resumes_from")
-    assert told["resumes_from"] == "step.ckpt" and len(reads) == 3
 
 
 def test_vit_sync_leaves_a_run_that_still_trains_for_later(tmp_path, capsys):
@@ -223,34 +140,18 @@ def test_the_holder_beats_while_it_holds_the_lock_and_another_node_reads_the_hea
     assert "would upload 1 offline W&B run of 1 under" in capsys.readouterr().out
 
 
-def test_the_heartbeat_keeps_what_the_holder_announced(tmp_path):
-    """Rank 0 names the checkpoint it resumes from in its lock's record; the heartbeat that rewrites the record
-    keeps it, so a process that reads it minutes later still finds it. A heartbeat without a time zone (another
-    tool's) is read as UTC."""
-    run = tmp_path / "run"
-    run.mkdir()
-    assert run_lock.take(run, heartbeat=0.05) is None
-    try:
-        run_lock.announce(run, resumes_from="step.ckpt")
-        first = json.loads((run / run_lock.LOCK).read_text())
-        deadline = time.monotonic() + 30
-        while json.loads((run / run_lock.LOCK).read_text() or "{}").get("heartbeat") == first["heartbeat"]:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        assert json.loads((run / run_lock.LOCK).read_text())["resumes_from"] == "step.ckpt"
-    finally:
-        run_lock.release(run)
+def test_a_heartbeat_without_a_time_zone_is_read_as_utc():
+    """A heartbeat written by another tool, without a time zone, is read as UTC."""
     naive = datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(seconds=30)
     assert 29 <= run_lock.heartbeat_age({"heartbeat": naive.isoformat()}) < 600
 
 
 # a holder on a file system that refuses locks (ENOLCK, as some NFS mounts without a lock manager answer):
-# argv[1] its run folder; it announces argv[2] as its chosen checkpoint when given
+# argv[1] its run folder
 HOLD_NO_LOCKS = ("import errno, fcntl, sys, time; from pathlib import Path; from vit.cluster import run_lock\n"
                  "def refuse(*args): raise OSError(errno.ENOLCK, 'No locks available')\n"
                  "fcntl.lockf = fcntl.fcntl = refuse\n"
                  "run = Path(sys.argv[1]); print(run_lock.take(run), file=sys.stderr, flush=True)\n"
-                 "sys.argv[2:] and run_lock.announce(run, resumes_from=sys.argv[2])\n"
                  "print('held', flush=True); time.sleep(300)")
 
 
@@ -291,12 +192,11 @@ def test_where_the_file_system_refuses_locks_a_run_that_trains_is_neither_upload
     assert run_lock.holder(run, stale=0.0) is None  # a heartbeat past the limit: it ended
 
 
-def test_where_locks_are_local_to_a_node_a_start_on_another_node_is_refused_and_a_launch_does_not_wait(
-        tmp_path, monkeypatch):
+def test_where_locks_are_local_to_a_node_a_start_on_another_node_is_refused(tmp_path, monkeypatch):
     """A live holder on another node, whose lock this node does not see (Lustre's localflock: here, this process
     sees no lock and names itself as another host): another job's start for the folder is refused before it
-    touches anything (its drafts stay); the other processes of the holder's own launch take its record at once,
-    not after the wait's limit, and resume from the checkpoint it chose."""
+    touches anything (its drafts stay). (The other processes of the holder's own launch never read the lock:
+    vit.cluster.runs.open_for_fit.)"""
     job = {"SLURM_NTASKS": "2", "SLURM_JOB_ID": "41", "SLURM_JOB_NAME": "train"}
     for key in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(key, raising=False)
@@ -306,7 +206,7 @@ def test_where_locks_are_local_to_a_node_a_start_on_another_node_is_refused_and_
     draft.parent.mkdir()
     draft.write_bytes(b"a save in progress")
     proc = subprocess.Popen([sys.executable, "-c", HOLD_NO_LOCKS.replace("fcntl.lockf = fcntl.fcntl = refuse", ""),
-                             str(run), "step.ckpt"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             str(run)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **job})
     try:
         assert proc.stdout.readline().strip() == "held"
@@ -317,11 +217,6 @@ def test_where_locks_are_local_to_a_node_a_start_on_another_node_is_refused_and_
         with pytest.raises(RunError, match=rf"is in use: another process trains in it \(pid {proc.pid} on "):
             run_lock.take(run)
         assert draft.exists()
-        for key, value in job.items():  # process 1 of the holder's launch
-            monkeypatch.setenv(key, value)
-        started = time.monotonic()
-        told = run_lock.wait_for_rank_zero(run, seconds=120, needs="resumes_from")
-        assert told["resumes_from"] == "step.ckpt" and time.monotonic() - started < 30
     finally:
         proc.kill()
         proc.wait()
@@ -331,28 +226,6 @@ def fcntl_module():
     import fcntl
 
     return fcntl
-
-
-def test_a_record_left_by_an_earlier_attempt_or_launch_on_another_node_is_waited_past_not_taken(tmp_path,
-                                                                                                 monkeypatch):
-    """The record of attempt 0 of SLURM job 123, which died on another node moments ago (its heartbeat fresh, its
-    lock gone): process 1 of attempt 1 neither ends with it as the holder's line nor takes its checkpoint; nor does
-    a process of a new launch of the same name (a torchrun run again with its --rdzv-id) take the record its
-    earlier launch left. Both wait for their own process 0 (here: it never comes, and the wait ends them)."""
-    fresh = datetime.now(timezone.utc) - timedelta(seconds=30)
-    run = tmp_path / "slurm-123"
-    run.mkdir()
-    for key in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"):
-        monkeypatch.delenv(key, raising=False)
-    for key, value in {"SLURM_NTASKS": "2", "SLURM_JOB_ID": "123", "SLURM_JOB_NAME": "train",
-                       "SLURM_RESTART_COUNT": "1"}.items():
-        monkeypatch.setenv(key, value)
-    for launch, since in (("slurm-123/0", fresh), ("slurm-123/1", fresh - timedelta(seconds=600))):
-        (run / run_lock.LOCK).write_text(json.dumps({
-            "launch": launch, "pid": 999, "host": "oldnode", "slurm_job": "123", "resumes_from": "epoch3.ckpt",
-            "since": since.isoformat(timespec="seconds"), "heartbeat": fresh.isoformat(timespec="seconds")}))
-        with pytest.raises(LostProcesses, match="did not take"):
-            run_lock.wait_for_rank_zero(run, seconds=3, needs="resumes_from")
 
 
 def test_a_refusal_on_a_heartbeat_says_how_old_it_is_and_when_the_folder_is_free(tmp_path, monkeypatch):

@@ -20,11 +20,9 @@ from vit.cluster import runs
 from vit.cluster.checkpoint_io import AtomicCheckpointIO, save_atomically
 
 QUIET = ["--trainer.logger", "false", "--test_after_fit", "false"]
-# another process that takes the lock of the run folder argv[1] and keeps it; with argv[2], after argv[3] seconds it
-# names that checkpoint of the run in the lock's record, as process 0 does
+# another process that takes the lock of the run folder argv[1] and keeps it
 HOLD = ("import sys, time; from pathlib import Path; from vit.cluster import run_lock; run = Path(sys.argv[1]); "
-        f"run_lock.take(run); sys.argv[2:] and (time.sleep(float(sys.argv[3])), run_lock.announce(run, "
-        f"{runs.CHOSEN}=sys.argv[2])); print('held', flush=True); time.sleep(300)")
+        "run_lock.take(run); print('held', flush=True); time.sleep(300)")
 SMALLER = ["--model.arch.dim", "32", "--model.arch.depth", "1", "--model.arch.heads", "2"]  # the smoke recipe, smaller
 
 
@@ -231,7 +229,6 @@ def test_a_copied_run_resumes_from_its_newest_step_and_its_drafts_are_removed(tm
                                load(checkpoints / "last.ckpt"))
 
 
-JOB = {"SLURM_NTASKS": "2", "SLURM_JOB_ID": "41", "SLURM_JOB_NAME": "train"}  # a job of 2 processes
 
 
 def no_launcher(monkeypatch) -> None:
@@ -239,40 +236,6 @@ def no_launcher(monkeypatch) -> None:
                 "SLURM_RESTART_COUNT", "TORCHELASTIC_RUN_ID", "WORLD_SIZE", "RANK", "LOCAL_RANK", runs.ENV,
                 runs.RESUMES):
         monkeypatch.delenv(key, raising=False)
-
-
-def test_only_process_zero_removes_drafts(tmp_path, monkeypatch):
-    """The other processes of a launch never touch the folder (they write no checkpoint): process 1 of SLURM job
-    41 goes on once its process 0 (another process here) holds the folder and has named the checkpoint it resumes
-    from, and removes nothing."""
-    from lightning.pytorch.utilities import rank_zero_only
-
-    from vit.cluster import run_lock
-
-    checkpoints = tmp_path / "runs" / "x" / runs.CHECKPOINTS
-    write(checkpoints / "last.ckpt", 4, saved=1.0)
-    draft = checkpoints / f".last.ckpt.{os.getpid()}.tmp"
-    draft.write_bytes(b"part")
-    no_launcher(monkeypatch)
-    for key, value in JOB.items():
-        monkeypatch.setenv(key, value)
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / "runs" / "x"), "last.ckpt", "0"],
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        monkeypatch.setattr(rank_zero_only, "rank", 1)
-        started = time.monotonic()
-        runs.open_for_fit(tmp_path / "runs", "last", "x", {}, {}, [])
-        assert draft.is_file() and time.monotonic() - started < 60  # at once, not after its wait for rank 0
-    finally:
-        holder.kill()
-        holder.wait()
-    monkeypatch.setattr(rank_zero_only, "rank", 0)
-    try:
-        runs.open_for_fit(tmp_path / "runs", "last", "x", {}, {}, [])
-        assert not draft.exists()
-    finally:
-        run_lock.release()
 
 
 def test_after_cp_r_last_takes_the_newest_checkpoint_that_records_its_time(tmp_path, monkeypatch):
@@ -303,9 +266,7 @@ def test_after_cp_r_last_takes_the_newest_checkpoint_that_records_its_time(tmp_p
 
 def test_process_zero_chooses_the_checkpoint_once_it_holds_the_folder(tmp_path, monkeypatch):
     """While another launch holds the folder, process 0 ends naming it before it reads a checkpoint there; once
-    it holds it, it chooses and writes its choice into the lock's record."""
-    import json
-
+    it holds it, it chooses."""
     from vit.cluster import run_lock
     from vit.exits import RunError
 
@@ -327,40 +288,85 @@ def test_process_zero_chooses_the_checkpoint_once_it_holds_the_folder(tmp_path, 
     no_launcher(monkeypatch)
     try:
         _, (path, _) = runs.open_for_fit(tmp_path / "runs", "last", "x", {}, {}, [])
-        assert path.name == "step.ckpt" and json.loads((run / run_lock.LOCK).read_text())[runs.CHOSEN] == "step.ckpt"
+        assert path.name == "step.ckpt"
     finally:
         run_lock.release()
 
 
-def test_the_other_processes_take_process_zeros_choice(tmp_path, monkeypatch):
-    """Process 1 of a job waits until its process 0 holds the folder and has named its checkpoint, and resumes
-    from that one, where its own look at the folder would choose another (step.ckpt, saved later); a process that
-    Lightning's DDP launcher started takes the launching process's choice."""
-    from lightning.pytorch.utilities import rank_zero_only
+# process RANK of a launch of 2 (a launcher's variables: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) opens run
+# argv[2] under argv[1] for --ckpt_path last and prints what it got; process 1 never looks at the folder or its
+# lock; with DIES=1, process 0 dies before it decides
+START = """
+import json, os, sys
+from pathlib import Path
+from vit.cluster import launch, run_lock, runs
+if os.environ["RANK"] != "0":
+    runs.newest_readable = run_lock.take = lambda *args: sys.exit("process 1 looked at the folder or its lock")
+elif os.environ.get("DIES"):
+    runs.decide = lambda *args: os._exit(3)
+launch.join_group(False, 60)
+try:
+    run, (path, ckpt) = runs.open_for_fit(Path(sys.argv[1]), "last", sys.argv[2], {}, {}, [])
+    print(json.dumps([run.name, path.name, ckpt["global_step"]]))
+except Exception as e:
+    print(json.dumps([type(e).__name__, str(e)]))
+"""
 
+
+def launch_of_two(root, name: str, **env) -> list:
+    """What each process of a launch of 2 (``START``) got, in rank order."""
+    import json
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))
+            and k not in (runs.ENV, runs.RESUMES)}
+    procs = [subprocess.Popen([sys.executable, "-c", START, str(root), name], stdout=subprocess.PIPE, text=True,
+                              env={**base, **env, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": str(port)}) for rank in range(2)]
+    try:
+        return [json.loads(proc.communicate(timeout=120)[0] or "null") for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+
+
+def test_process_zero_decides_and_hands_its_decision_to_the_others_through_the_process_group(tmp_path):
+    """Process 0 of a launch holds the folder and chooses the checkpoint (step.ckpt, saved last); process 1, which
+    never reads the folder or its lock, resumes from the same one. While another launch holds the folder, process
+    0's refusal is every process's, in the same line. A process 0 that dies before it decides ends the others at
+    once (their broadcast fails), never a wait."""
+    run = tmp_path / "runs" / "x"
+    write(run / runs.CHECKPOINTS / "last.ckpt", 6, saved=100.0)
+    write(run / runs.CHECKPOINTS / "step.ckpt", 9, saved=200.0)
+    assert launch_of_two(tmp_path / "runs", "x") == [["x", "step.ckpt", 9]] * 2
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        zero, one = launch_of_two(tmp_path / "runs", "x")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert zero[0] == "RunError" and zero[1].startswith(f"{run} is in use: another process trains in it (pid "
+                                                        f"{holder.pid} ") and one == zero
+    started = time.monotonic()
+    zero, one = launch_of_two(tmp_path / "runs", "x", DIES="1")
+    assert zero is None and one[0] != "RunError" and time.monotonic() - started < 100
+
+
+def test_processes_of_lightnings_launcher_take_the_launching_processs_decision(tmp_path, monkeypatch):
+    """A process that Lightning's DDP launcher started takes the launching process's folder and checkpoint, where
+    its own look at the folder would choose another (step.ckpt, saved later)."""
     no_launcher(monkeypatch)
     run = tmp_path / "runs" / "x"
     write(run / runs.CHECKPOINTS / "mine.ckpt", 6, saved=100.0)
     write(run / runs.CHECKPOINTS / "step.ckpt", 9, saved=200.0)
-    for key, value in JOB.items():
-        monkeypatch.setenv(key, value)
-    # process 0 of job 41 (another process here): holds the folder, and a second later names mine.ckpt
-    zero = subprocess.Popen([sys.executable, "-c", HOLD, str(run), "mine.ckpt", "1"],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        monkeypatch.setattr(rank_zero_only, "rank", 1)
-        _, (path, ckpt) = runs.open_for_fit(tmp_path / "runs", "last", "x", {}, {}, [])
-        assert path.name == "mine.ckpt" and ckpt["global_step"] == 6
-        assert zero.stdout.readline().strip() == "held"  # (it had named it before it said so)
-    finally:
-        zero.kill()
-        zero.wait()
-    for key in JOB:
-        monkeypatch.delenv(key)
     monkeypatch.setenv(runs.ENV, str(run))
     monkeypatch.setenv(runs.RESUMES, str(run / runs.CHECKPOINTS / "mine.ckpt"))
-    _, (path, _) = runs.open_for_fit(tmp_path / "runs", "last", None, {}, {}, [])
-    assert path.name == "mine.ckpt"
+    _, (path, ckpt) = runs.open_for_fit(tmp_path / "runs", "last", None, {}, {}, [])
+    assert path.name == "mine.ckpt" and ckpt["global_step"] == 6
 
 
 def test_vit_runs_moves_the_runs_the_plans_folders_and_their_array_logs(tmp_path, monkeypatch, fake_cifar, capsys):

@@ -116,31 +116,36 @@ def allocated_gpus() -> str | None:
     return None
 
 
-def join_torchrun_group(device_type: str, timeout_seconds: float) -> None:
-    """Under torchrun, make the default process group here, before Lightning would, with keys of its own
-    per attempt.
+def join_group(cuda: bool, timeout_seconds: float) -> None:
+    """Where a launcher started the processes (SLURM, torchrun, or any that sets RANK and WORLD_SIZE), make the
+    default process group here, as Lightning would make it (NCCL with ``cuda``, else gloo), before the run's
+    folder and checkpoint are decided: process 0 decides them and hands them to the others through this group
+    (vit.cluster.runs.open_for_fit). Lightning then uses the group it finds.
 
-    ``torchrun --max-restarts`` restarts the group against the same store, its agent's. Each worker
-    writes its address into that store; torch 2.14 keys them the same in every attempt, so a restarted
-    worker can read the address of a worker of the previous attempt and fail to connect (gloo:
-    "Connection refused" to a dead worker's port; reproduced with a 10-line torch script, no Lightning).
-    A ``PrefixStore`` named after torchrun's attempt keeps the attempts apart. Lightning then uses the
-    group it finds."""
-    from datetime import timedelta
-
+    ``torchrun --max-restarts`` restarts the group against the same store, its agent's. Each worker writes its
+    address into that store; torch 2.14 keys them the same in every attempt, so a restarted worker can read the
+    address of a worker of the previous attempt and fail to connect (gloo: "Connection refused" to a dead
+    worker's port; reproduced with a 10-line torch script, no Lightning). A ``PrefixStore`` named after
+    torchrun's attempt keeps the attempts apart."""
     import torch.distributed as dist
 
-    if torchrun_id() is None or dist.is_initialized():
+    env = os.environ
+    if dist.is_initialized() or int(env.get("WORLD_SIZE", env.get("SLURM_NTASKS", 1)) or 1) < 2:
         return
-    timeout = timedelta(seconds=timeout_seconds)
-    backend = "nccl" if device_type == "cuda" else "gloo"
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":  # each attempt's rank 0 hosts a new store
+    timeout, backend = timedelta(seconds=timeout_seconds), "nccl" if cuda else "gloo"
+    if slurm_job() and torchrun_id() is None:
+        from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+        slurm = SLURMEnvironment()  # (its address and port, as Lightning's own group under SLURM takes them)
+        env["MASTER_ADDR"], env["MASTER_PORT"] = slurm.main_address, str(slurm.main_port)
+        dist.init_process_group(backend, rank=slurm.global_rank(), world_size=slurm.world_size(), timeout=timeout)
+    elif torchrun_id() is not None and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        agent = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=timeout)
+        store = dist.PrefixStore(f"vit/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", agent)
+        dist.init_process_group(backend, store=store, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
+                                timeout=timeout)
+    elif "RANK" in env and "MASTER_ADDR" in env:  # (each torchrun attempt's rank 0 hosts a new store)
         dist.init_process_group(backend, timeout=timeout)
-        return
-    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
-    store = dist.PrefixStore(f"vit/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", agent)
-    dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
-                            timeout=timeout)
 
 
 def peers_store():
@@ -210,11 +215,12 @@ def parallelism(trainer: dict, ddp_timeout: float) -> dict:
     return kwargs
 
 
-def from_process_zero(make: Callable[[], T]) -> T:
+def from_process_zero(make: Callable[[], T], what: str) -> T:
     """``make()`` run by process 0 only, its result (or its BadInput error) given to every process. One
     broadcast, on a gloo group of its own without a practical time limit (as Lightning's prepare_data
-    barrier): the others wait for as long as process 0 checks images, and say so once a minute; if process 0
-    dies, the broadcast fails on the others at once (its connection closes), never a silent hang."""
+    barrier): the others wait for as long as process 0 works (it checks a folder's images, say), and say so
+    once a minute (waiting for process 0's ``what``); if process 0 dies, the broadcast fails on the others at
+    once (its connection closes), never a silent hang."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
@@ -225,7 +231,7 @@ def from_process_zero(make: Callable[[], T]) -> T:
     # a long wait is said once a minute, by process 1 for all the others (process 0 says what it does: its
     # index read, or every image checked), so that a job's one log gets one line a minute
     others = "process 1" if world == 2 else f"processes 1 to {world - 1}"
-    waiting = _Every(60.0, f"{others}: still waiting for process 0's folder index") if rank == 1 else None
+    waiting = _Every(60.0, f"{others}: still waiting for process 0's {what}") if rank == 1 else None
     try:
         if rank == 0:
             try:

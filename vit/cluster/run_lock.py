@@ -9,10 +9,9 @@ younger than ``STALE_SECONDS``. A start for a held folder ends at once with one 
 exit 2), before it reads or writes anything there; an earlier attempt of the same launch (a requeued SLURM job,
 a restarted torchrun) is over and is taken over at once. vit-sync uploads no run whose folder is held.
 
-The other processes of a SLURM or torchrun launch take nothing: they wait for a live record naming their launch
-and attempt, and read there what process 0 decided (``announce``: the checkpoint it resumes from), or end with the
-holder's line. Lightning's own launcher starts its processes after process 0 decided (vit.cluster.runs.ENV).
-What a file system that does not lock cannot tell: two starts within the same second.
+Process 0 of a launch alone takes the lock; the others never read it: process 0 hands them its decision
+(vit.cluster.runs.open_for_fit). What a file system that does not lock cannot tell: two starts within the
+same second.
 
 A POSIX lock is dropped when its process closes any descriptor of the file: nothing but this module opens it.
 """
@@ -25,14 +24,12 @@ import json
 import os
 import socket
 import struct
-import sys
 import threading
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 from vit.cluster import launch
-from vit.exits import LostProcesses, RunError
+from vit.exits import RunError
 
 LOCK = ".lock"
 UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)  # a file system that does not lock
@@ -40,8 +37,6 @@ HEARTBEAT_SECONDS = 60.0  # how often the holder rewrites its heartbeat
 STALE_SECONDS = 300.0  # a heartbeat older than this (five missed beats) is a holder's that ended
 _held: dict[Path, int] = {}  # run folder → the descriptor holding its lock in this process
 _beating: dict[Path, tuple[threading.Event, threading.Thread]] = {}  # run folder → its heartbeat's thread
-_records: dict[Path, dict] = {}  # run folder → the record this process keeps in its lock file
-_writing = threading.Lock()  # (the heartbeat and announce write the same file)
 
 
 def identity() -> str:
@@ -50,22 +45,10 @@ def identity() -> str:
     return f"{launch.launch_name() or f'pid-{os.getpid()}'}/{launch.attempt()}"
 
 
-STARTED = time.time()  # (about when this process started: a record of its launch is written after it)
-SKEW_SECONDS = 60.0  # how far the clocks of a cluster's nodes may differ
-
-
 def _launch(holder: dict) -> tuple[str, str]:
     """(launch name, attempt) of a record."""
     name, _, attempt = str(holder.get("launch", "")).rpartition("/")
     return name, attempt
-
-
-def _since(holder: dict) -> float | None:
-    try:
-        since = datetime.fromisoformat(holder["since"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    return (since if since.tzinfo is not None else since.replace(tzinfo=timezone.utc)).timestamp()
 
 
 def describe(holder: dict) -> str:
@@ -161,7 +144,7 @@ def take(run: Path, heartbeat: float = HEARTBEAT_SECONDS) -> str | None:
     mine = {"launch": identity(), "pid": os.getpid(), "host": socket.gethostname(), "slurm_job": launch.slurm_job(),
             "since": _now()}
     _write(fd, mine)
-    _held[run], _records[run] = fd, mine
+    _held[run] = fd
     stop = threading.Event()
     beat = threading.Thread(target=_beat, args=(fd, mine, heartbeat, stop), name=f"heartbeat {run}", daemon=True)
     beat.start()
@@ -176,10 +159,9 @@ def _write(fd: int, holder: dict) -> None:
     """``holder`` with a heartbeat of now as the file's whole content, on disk (fsync: a reader on another node of
     a network file system sees it), through the descriptor that holds the lock (closing another would drop it)."""
     data = (json.dumps({**holder, "heartbeat": _now()}) + "\n").encode()
-    with _writing:
-        os.pwrite(fd, data, 0)
-        os.ftruncate(fd, len(data))
-        os.fsync(fd)
+    os.pwrite(fd, data, 0)
+    os.ftruncate(fd, len(data))
+    os.fsync(fd)
 
 
 def _beat(fd: int, holder: dict, seconds: float, stop: threading.Event) -> None:
@@ -199,7 +181,6 @@ def release(run: Path | None = None) -> None:
         if fd is None:
             continue
         stop, beat = _beating.pop(folder)
-        _records.pop(folder, None)
         stop.set()
         beat.join()  # (no heartbeat is written after the file is emptied)
         try:
@@ -228,61 +209,3 @@ def holder(run: Path, stale: float = STALE_SECONDS) -> dict | None:
     finally:
         os.close(fd)  # (this process holds no lock on the file)
     return named if live(named, locked, stale) else None
-
-
-def announce(run: Path, **facts) -> None:
-    """Add ``facts`` to the record of ``run``'s lock that this process holds, for the other processes of its launch
-    to read (``wait_for_rank_zero``): the checkpoint process 0 resumes from (vit.cluster.runs.choose_last). Nothing where
-    this process took no folder (``take``)."""
-    fd = _held.get(Path(run))
-    if fd is None:
-        return
-    record = _records[Path(run)]
-    record.update(facts)  # (the heartbeat rewrites the record with them)
-    _write(fd, record)
-
-
-def wait_for_rank_zero(run: Path, seconds: float = 300.0, poll: float = 0.2, needs: str | None = None) -> dict:
-    """On a process of a multi-process launch other than rank 0: go on once rank 0 holds ``run`` (a ``live`` record
-    naming this attempt of this launch, read alike twice: not an earlier holder's of the same name, read as rank 0
-    takes the lock) and, with ``needs``, has announced that fact (``announce``); returns the record. RunError with the
-    holder's line when another launch holds it (rank 0 ends with the same line); LostProcesses when rank 0 let it go
-    before it announced (it failed, and says why), or did not take it within ``seconds``."""
-    path = Path(run) / LOCK
-    start = time.monotonic()
-    foreign, said, ours, seen, gone = None, False, False, None, 0  # (gone: reads since ours was last seen)
-    what = f"{run}'s lock" + (" and name the checkpoint it resumes from" if needs else "")
-    while time.monotonic() < start + seconds:
-        if not said and time.monotonic() - start > 10:
-            said = True
-            print(f"waiting for process 0 of this launch to take {what} (up to {seconds:.0f} s)", file=sys.stderr,
-                  flush=True)
-        if path.exists():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                holder, locked = _state(fd)
-            finally:
-                os.close(fd)  # (this process holds no lock on the file)
-            alive = live(holder, locked)
-            this = holder.get("launch") == identity() and (_since(holder) or 0.0) >= STARTED - SKEW_SECONDS
-            if this and alive:  # (not a record of an earlier launch of the same name, left by its end)
-                record = {k: v for k, v in holder.items() if k != "heartbeat"}
-                if (needs is None or needs in holder) and record == seen:
-                    return holder
-                ours, seen, gone = True, record, 0
-            elif ours and (gone := gone + 1) > 1:  # not live twice (not a read torn by a rewrite): it ended
-                raise LostProcesses(f"process 0 of this launch let {run}'s lock go before it named the checkpoint "
-                                    f"it resumes from (it failed, and says why)")
-            elif holder and alive and (locked or _launch(holder)[0] != _launch({"launch": identity()})[0]):
-                # (another launch's, twice a second apart: not rank 0 between taking and naming; an earlier
-                # attempt of this launch on another node is over, whatever its heartbeat)
-                if foreign == holder:
-                    raise _refused(Path(run), holder, locked)
-                foreign = holder
-                time.sleep(1.0)
-                continue
-            else:
-                foreign = None
-        time.sleep(poll)
-    raise LostProcesses(f"process 0 of this launch did not take {what} within {seconds:.0f} s (it failed, and says "
-                        f"why)")

@@ -2,15 +2,14 @@
 config, the bad-file list, figures — lives in one folder, ``<root>/version_N`` (as Lightning's
 loggers number theirs). A new run claims the next version; a resumed run keeps its folder.
 
-Processes of one launch agree on the folder: Lightning's own DDP launcher passes it to the processes it
-starts (``VIT_RUN_DIR``); processes started by SLURM or torchrun name it after their launch
-(``slurm-<job id>``, ``torchrun-<run id>``), so a requeued job continues in its folder.
+Process 0 of a launch decides the folder and the checkpoint it resumes from, once (``open_for_fit``), and
+hands them on; a launch that SLURM or torchrun started names its folder after itself (``slurm-<job id>``,
+``torchrun-<run id>``), so a requeued job continues in its folder.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from vit.models.checkpoints import read_checkpoint
@@ -24,7 +23,6 @@ STEP = "step.ckpt"  # mid-epoch: every few minutes of training (base.yaml), and 
 ENV = "VIT_RUN_DIR"
 RUNS = "VIT_RUNS"
 RESUMES = "VIT_RESUMES"  # the checkpoint the process that set ENV resumes from ("": none), for those it starts
-CHOSEN = "resumes_from"  # in the lock's record (vit.cluster.run_lock): process 0's checkpoint, its name in CHECKPOINTS
 
 
 def runs_folder() -> Path:
@@ -191,16 +189,13 @@ def claim_new_version(root: Path) -> Path:
 
 def resolve(root: Path, ckpt_path: str | None, name: str | None) -> tuple[Path, str | None, str]:
     """(run folder, one line to print or None, how it was found: "" or " (the newest run under ROOT)") for a
-    ``fit``; with ``ckpt_path`` "last" the checkpoint is chosen once the folder is held (``choose_last``), and a
+    ``fit``; with ``ckpt_path`` "last" the checkpoint is chosen once the folder is held (``decide``), and a
     line naming it replaces the first.
 
     ``ckpt_path``: None (a new run), "last" (the newest readable checkpoint of the newest run of ``root``, or
     of the run ``name``), or a file (its own run folder when it sits in one). ``name``: a run folder
     under ``root`` chosen by the user.
     """
-    shared = os.environ.get(ENV)
-    if shared:  # a process started by Lightning's DDP launcher: the launching process chose
-        return Path(shared), None, ""
     fixed = name or launch_name()
     if ckpt_path and ckpt_path != "last":
         ckpt = Path(ckpt_path)
@@ -233,23 +228,6 @@ def own_newest(run: Path) -> bool:
     return found is not None and found[1].get("vit", {}).get("launch") == launch_name()
 
 
-def choose_last(run: Path, told: dict | None) -> tuple[Path | None, dict | None, str]:
-    """(the checkpoint ``--ckpt_path last`` resumes from in ``run`` or None, that checkpoint read or None, the line
-    ``newest_readable`` gives), decided once: process 0 (or the only one) chooses the newest that reads, once it
-    holds the folder (vit.cluster.run_lock), and records it in its lock's record (``CHOSEN``), where the others of a
-    SLURM or torchrun launch read it (``told``); those of Lightning's DDP launcher take it from ``RESUMES``."""
-    from vit.cluster import run_lock
-
-    if os.environ.get(ENV) and RESUMES in os.environ:
-        given = os.environ[RESUMES]
-        return (Path(given), None, "") if given else (None, None, "")
-    if told is not None:
-        return (run / CHECKPOINTS / Path(told[CHOSEN]).name, None, "") if told[CHOSEN] else (None, None, "")
-    path, ckpt, skipped = newest_readable(run) or (None, None, "")
-    run_lock.announce(run, **{CHOSEN: path and path.name})
-    return path, ckpt, skipped
-
-
 def place_outputs(cfg, run: Path, known_wandb_id: str | None) -> None:
     """Point the Trainer, every logger and every checkpoint callback without a folder at ``run``; W&B
     logs to the run folder's own W&B run (vit.cluster.runs.wandb_id), whichever attempt this is (a W&B sweep's run:
@@ -273,19 +251,43 @@ def place_outputs(cfg, run: Path, known_wandb_id: str | None) -> None:
 
 def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data: dict,
                  claimed: list[Path]) -> tuple[Path, tuple[Path, dict] | None]:
-    """The run folder a fit writes into (``resolve``), and the checkpoint it resumes from with its contents
-    (None: a new run), checked to fit the command line's ``arch`` and to keep its validation split with the
-    command line's ``data`` (vit.models.checkpoints.check_split), before any work; a requeued or restarted launch
-    (its attempt past 0) continues from its own run folder's newest checkpoint, whatever ``ckpt_path`` file its
-    first attempt started from; a folder this call created is appended to ``claimed`` (removed again if the run
-    never starts). Says which in one line.
+    """The run folder a fit writes into, and the checkpoint it resumes from with its contents (None: a new run),
+    decided once, by process 0 alone (``decide``), and handed to the others: through the process group where a
+    launcher started them (SLURM, torchrun: vit.cluster.launch.join_group made it), through the environment
+    where Lightning's launcher starts them after process 0 decided (``ENV``, ``RESUMES``). A refusal of process
+    0's is every process's."""
+    from vit.cluster.launch import from_process_zero
 
-    One process at a time trains in a run folder (vit.cluster.run_lock): process 0 takes the folder before it reads a
-    checkpoint there, or ends with a line naming the process that holds it; the other processes of its launch
-    wait for it. Process 0, the holder, then deletes the drafts of saves killed in an earlier attempt
-    (vit.cluster.checkpoint_io): it alone writes checkpoints (Lightning saves on the global rank zero only), no training of
-    this run has begun, and no other process trains in the folder: no draft is a live save's."""
-    from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+    if os.environ.get(ENV):
+        run, resume_from = Path(os.environ[ENV]), os.environ.get(RESUMES) or None
+    else:
+        decided: list = []  # process 0's (run, (checkpoint, its contents)): the others read the checkpoint
+
+        def on_zero() -> tuple[Path, Path | None]:
+            decided.append(decide(root, ckpt_path, name, arch, data, claimed))
+            run, resume = decided[0]
+            return run, resume and resume[0]
+
+        run, resume_from = from_process_zero(on_zero, "run folder and the checkpoint it resumes from")
+        if decided:
+            return decided[0]
+    return run, resume_from and (Path(resume_from), read_checkpoint(resume_from))
+
+
+def decide(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data: dict,
+           claimed: list[Path]) -> tuple[Path, tuple[Path, dict] | None]:
+    """Process 0's decision (``open_for_fit``): the run folder (``resolve``), held for this launch
+    (vit.cluster.run_lock: a folder another launch holds ends the start with one line naming it, before
+    anything there is read), and the checkpoint it resumes from with its contents, checked to fit the command
+    line's ``arch`` and to keep its validation split with the command line's ``data``
+    (vit.models.checkpoints.check_split), before any work; a requeued or restarted launch (its attempt past 0)
+    continues from its own run folder's newest checkpoint, whatever ``ckpt_path`` file its first attempt started
+    from; a folder this call created is appended to ``claimed`` (removed again if the run never starts). Says
+    which in one line. It then deletes the drafts of saves killed in an earlier attempt
+    (vit.cluster.checkpoint_io): process 0 alone writes checkpoints (Lightning saves on the global rank zero
+    only), no training of this run has begun, and no other launch trains in the folder: no draft is a live
+    save's."""
+    from lightning.pytorch.utilities import rank_zero_info
 
     from vit.cluster import run_lock
     from vit.cluster.checkpoint_io import remove_drafts
@@ -295,7 +297,7 @@ def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict
     if ckpt_path not in (None, "last") and attempt() != "0" and fixed and own_newest(root / fixed):
         rank_zero_info(f"attempt {attempt()} of this launch: it continues from its run folder's newest checkpoint, "
                        f"which it wrote; --ckpt_path {ckpt_path} is where its first attempt started")
-        ckpt_path = "last"  # (every process of the launch sees the same attempt and the same folder)
+        ckpt_path = "last"
     given = read_checkpoint(ckpt_path) if ckpt_path not in (None, "last") else None
     if given is not None:
         check_fits(given, arch, ckpt_path)
@@ -303,31 +305,24 @@ def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict
         check_split(given, data, ckpt_path)
     existed = set(root.iterdir()) if root.is_dir() else set()
     run, note, found = resolve(root, ckpt_path, name)
-    told = None
-    if os.environ.get(ENV):  # started by Lightning's launcher: the process that started it holds the folder
-        pass
-    elif rank_zero_only.rank == 0:
-        taken = run_lock.take(run)
-        if taken:
-            rank_zero_info(taken)
-        if run not in existed:  # (only a holder removes a folder it made that never started)
-            claimed.append(run)
-    else:
-        told = run_lock.wait_for_rank_zero(run, needs=CHOSEN if ckpt_path == "last" else None)
+    taken = run_lock.take(run)
+    if taken:
+        rank_zero_info(taken)
+    if run not in existed:
+        claimed.append(run)
     resume_from, ckpt = (Path(ckpt_path), given) if ckpt_path not in (None, "last") else (None, None)
     if ckpt_path == "last":
-        resume_from, ckpt, skipped = choose_last(run, told)
+        resume_from, ckpt, skipped = newest_readable(run) or (None, None, "")
         if resume_from is not None:
             note = f"resuming {run}{found} from its {resume_from.name}{skipped}"
     resume = None
     if resume_from is not None:
-        ckpt = ckpt or read_checkpoint(resume_from)
         check_fits(ckpt, arch, ckpt_path)
         check_clock(ckpt, resume_from)
         check_split(ckpt, data, resume_from)
         resume = (resume_from, ckpt)
     rank_zero_info(note or f"run folder: {run}")
-    if rank_zero_only.rank == 0 and (drafts := remove_drafts(run / CHECKPOINTS)):
+    if drafts := remove_drafts(run / CHECKPOINTS):
         rank_zero_info(f"removed {len(drafts)} draft(s) of checkpoint saves that were killed "
                        f"({sum(size for _, size in drafts) / 1e6:.1f} MB) from {run / CHECKPOINTS}: "
                        f"{', '.join(name for name, _ in drafts)}")

@@ -238,6 +238,13 @@ class ViTCLI(LightningCLI):
             run = runs.run_of(Path(cfg.ckpt_path)) or runs.claim_new_version(root)
             self.resume = (Path(cfg.ckpt_path), ckpt)
         else:
+            if runs.ENV not in os.environ:  # (Lightning's launcher starts its processes once process 0 decided)
+                import torch
+
+                cuda = str(cfg.trainer.accelerator) in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+                if cuda:
+                    gpus.nccl_errors_reach_python()  # (before the group is made)
+                launch.join_group(cuda, cfg.ddp_timeout + Watchdog.BACKSTOP)
             run, self.resume = runs.open_for_fit(root, cfg.ckpt_path, cfg.run, vars(cfg.model.arch), data,
                                                  self.claimed)
             launch.apply_allocation(cfg.trainer)
@@ -287,9 +294,6 @@ class ViTCLI(LightningCLI):
         check_validation_interval(self.config.trainer.val_check_interval, self.trainer.accumulate_grad_batches)
         if self.resume:
             check_global_batch(self.resume[1], self.datamodule, self.trainer.accumulate_grad_batches, ckpt)
-        if self.trainer.world_size > 1:
-            launch.join_torchrun_group(self.trainer.strategy.root_device.type,
-                                       self.config.ddp_timeout + Watchdog.BACKSTOP)
         self.trainer.fit(self.model, datamodule=self.datamodule, ckpt_path=ckpt)
         limit = next((cb for cb in self.trainer.callbacks if isinstance(cb, StopAfterMinutes)), None)
         if limit is not None and limit.stopped_at is not None:

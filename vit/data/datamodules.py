@@ -531,7 +531,7 @@ class ImageFolderDataModule(ImageDataModule):
             if extra:
                 raise DatasetError(f"{folder} has class folders that train/ lacks: {', '.join(extra)}")
         return from_process_zero(partial(folder_index.index, self.root, self.classes, self.index_path(),
-                                                      self.num_workers, rank_zero_info))
+                                                      self.num_workers, rank_zero_info), "folder index")
 
     def _skip_bad(self, index: folder_index.FolderIndex, datasets: list[ClassFolder]) -> None:
         """Skip the unreadable images (listed in the run folder's bad_files.txt), or stop; alike on every process."""
