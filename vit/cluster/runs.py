@@ -274,8 +274,9 @@ def place_outputs(cfg, run: Path, known_wandb_id: str | None) -> None:
 def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data: dict,
                  claimed: list[Path]) -> tuple[Path, tuple[Path, dict] | None]:
     """The run folder a fit writes into (``resolve``), and the checkpoint it resumes from with its contents
-    (None: a new run), checked to fit the command line's ``arch`` and to keep its validation split with the
-    command line's ``data`` (vit.models.checkpoints.check_split), before any work; a requeued or restarted launch
+    (None: a new run), checked to fit the command line's ``arch``, to be as this program writes it
+    (vit.models.checkpoints.check_fields) and to keep its validation split with the command line's ``data``
+    (vit.models.checkpoints.check_split), before any work; a requeued or restarted launch
     (its attempt past 0) continues from its own run folder's newest checkpoint, whatever ``ckpt_path`` file its
     first attempt started from; a folder this call created is appended to ``claimed`` (removed again if the run
     never starts). Says which in one line.
@@ -289,7 +290,7 @@ def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict
 
     from vit.cluster import run_lock
     from vit.cluster.checkpoint_io import remove_drafts
-    from vit.models.checkpoints import check_clock, check_fits, check_split
+    from vit.models.checkpoints import check_fields, check_fits, check_split, module_key
 
     fixed = name or launch_name()
     if ckpt_path not in (None, "last") and attempt() != "0" and fixed and own_newest(root / fixed):
@@ -299,7 +300,7 @@ def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict
     given = read_checkpoint(ckpt_path) if ckpt_path not in (None, "last") else None
     if given is not None:
         check_fits(given, arch, ckpt_path)
-        check_clock(given, ckpt_path)
+        check_fields(given, ckpt_path, module_key(data))
         check_split(given, data, ckpt_path)
     existed = set(root.iterdir()) if root.is_dir() else set()
     run, note, found = resolve(root, ckpt_path, name)
@@ -323,7 +324,7 @@ def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict
     if resume_from is not None:
         ckpt = ckpt or read_checkpoint(resume_from)
         check_fits(ckpt, arch, ckpt_path)
-        check_clock(ckpt, resume_from)
+        check_fields(ckpt, resume_from, module_key(data))
         check_split(ckpt, data, resume_from)
         resume = (resume_from, ckpt)
     rank_zero_info(note or f"run folder: {run}")
