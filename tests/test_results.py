@@ -187,41 +187,115 @@ def test_a_run_resumed_or_tested_on_other_code_names_that_code_in_its_record_and
         assert train_here(tmp_path, fake_cifar_session, *command, *small) == 2
         then = "test another checkpoint" if command[0] == "test" else \
             "resume from another checkpoint of the run, or start a new run"
-        assert errors_of(capsys) == [f"error: {last if command[0] == 'test' else resumed}: its training clock "
-                                     f"(TrainingClock) is not as this program writes it (commands '3'): {then}"]
+        assert errors_of(capsys) == [f"error: {last if command[0] == 'test' else resumed}: not as this program "
+                                     f"writes it (callbacks.{clock}.commands '3'): {then}"]
     assert sorted(p.name for p in (tmp_path / "runs/smoke").iterdir()) == ["version_0"]  # (no folder left)
 
 
-def test_a_training_clock_not_as_written_is_refused_in_one_line_and_one_as_written_is_not():
-    """vit.models.checkpoints.check_clock: what TrainingClock writes passes (a figure an earlier version did not
-    write may be missing; images/s may be None); an edited or crafted figure is refused, naming it."""
+def test_a_checkpoint_field_not_as_written_is_refused_in_one_line_and_one_as_written_is_not():
+    """vit.models.checkpoints.check_fields: what this program writes passes (a field an earlier version did not
+    write may be missing; images/s may be None); an edited or crafted field is refused, all of them in one line
+    naming each, and so is a level the table goes into that is not a dict."""
+    import copy
+
     import pytest
+    import torch
 
+    from vit.data.resume import rng_states
     from vit.exits import CheckpointError
-    from vit.models.checkpoints import check_clock
+    from vit.models.checkpoints import EARLIER, PROGRESS, check_fields
 
-    written = {"training_seconds": 12.5, "train_images": 400, "steps": 8, "epochs": 1.0, "commands": 2,
-               "train_images_per_second": None, "wall_seconds": 30.1, "validation_seconds": 0.0,
-               "first_batches_seconds": 1.2, "trees": "anything: read leniently"}
-    check_clock({"callbacks": {"TrainingClock": written}}, "x.ckpt")
-    check_clock({"callbacks": {"TrainingClock": {"train_images": 400, "steps": 8}}}, "x.ckpt")  # an older version's
-    check_clock({"callbacks": None}, "x.ckpt", testing=True)
-    check_clock({"callbacks": {"TrainingClockLogger": {"epochs": "every"}}}, "x.ckpt", testing=True)  # (another's)
+    clock = {"training_seconds": 12.5, "train_images": 400, "steps": 8, "epochs": 1.0, "commands": 2,
+             "train_images_per_second": None, "wall_seconds": 30.1, "validation_seconds": 0.0,
+             "first_batches_seconds": 1.2, "trees": "anything: read leniently"}
+    held_out = {"seed": 0, "val_size": 4, "classes": ["blue", "red"], "limits": [-5, None], "images": 20}
+    written = {"callbacks": {"TrainingClock": clock, "TimeToAccuracy": {"reached": {"0.5": 3.0}, "reached_wall": {}},
+                             "StopOnNonFinite": {"last_finite_loss": float("nan")},
+                             "RNGStates": {"epoch": 1, "batches": 3, "states": [rng_states(), rng_states()]}},
+               "loops": {"fit_loop": {"epoch_loop.batch_progress": {
+                   "total": {"ready": 7, "started": 7, "processed": 7, "completed": 7},
+                   "current": {"ready": 3, "started": 3, "processed": 3, "completed": 3}, "is_last_batch": False}}},
+               "schedule": {"warmup_end_time": None, "share": 0.25}, "global_step": 8,
+               "vit": {"class_names": ["blue", "red"], "launch": None, "wandb_run_id": "abc123"},
+               "ImageFolderDataModule": {"train_epochs": 2, "epoch": 1, "images": 96, "skipped_images": 0,
+                                         "batch_images": 32, "step_images": 32, "epoch_end": False,
+                                         "train_images": 16, "held_out": held_out}}
+    check_fields(written, "x.ckpt", "ImageFolderDataModule")
+    for split in ("val/", EARLIER, {k: v for k, v in held_out.items() if k != "images"}):  # (an earlier version's)
+        check_fields({**written, "ImageFolderDataModule": {"held_out": split}}, "x.ckpt", "ImageFolderDataModule")
+    check_fields({"callbacks": {"TrainingClock": {"train_images": 400, "steps": 8}}}, "x.ckpt", "")  # an older one's
+    check_fields({"vit": {"warmup_end_time": 3.5, "run_share": 0.5}, "callbacks": {"TrainingClock": {}}}, "x.ckpt", "")
+    check_fields({}, "x.ckpt", "CIFAR10DataModule", testing=True)
+    check_fields({"callbacks": {"TrainingClockLogger": {"epochs": "every"}}}, "x.ckpt", "", testing=True)  # (another's)
     earlier = "x.ckpt: written by an earlier version, which did not record its training clock or its place in"
-    for ckpt in ({"callbacks": None}, {"callbacks": {"TrainingClock": written},  # (a position in loader batches)
+    for ckpt in ({"callbacks": None}, {"callbacks": {"TrainingClock": clock},  # (a position in loader batches)
                                        "CIFAR10DataModule": {"train_epochs": 1, "epoch": 0, "batches": 3}}):
         with pytest.raises(CheckpointError, match=f"^{earlier}"):
-            check_clock(ckpt, "x.ckpt")  # to resume: refused
-    check_clock({"callbacks": {"TrainingClock": written}, "MyData": {"cursor": 5}}, "x.ckpt")  # a user's data module
-    for key, value, shown in (("commands", None, "None"), ("training_seconds", None, "None"), ("steps", 10 ** 400,
-                              "a number past 2**63"), ("commands", 2.5, "2.5"), ("epochs", float("nan"), "nan"),
-                              ("train_images", True, "True"), ("wall_seconds", -1.0, "-1.0")):
+            check_fields(ckpt, "x.ckpt", "CIFAR10DataModule")  # to resume: refused
+    check_fields({"callbacks": {"TrainingClock": clock}, "MyData": {"cursor": 5}}, "x.ckpt", "MyData")  # a user's
+
+    def refused(path: str | tuple, value, testing: bool = False) -> str:
+        """``written`` with the field at ``path`` (its keys, or dotted where they have no dots) set to ``value``."""
+        *levels, key = path if isinstance(path, tuple) else path.split(".")
+        ckpt = copy.deepcopy(written)
+        level = ckpt
+        for step in levels:
+            level = level[step]
+        level[key] = value
         with pytest.raises(CheckpointError) as refused:
-            check_clock({"callbacks": {"TrainingClock": {**written, key: value}}}, "x.ckpt")
-        assert str(refused.value) == ("x.ckpt: its training clock (TrainingClock) is not as this program writes it "
-                                      f"({key} {shown}): resume from another checkpoint of the run, or start a new run")
-    with pytest.raises(CheckpointError, match="[(]a list[)]: test another checkpoint$"):
-        check_clock({"callbacks": {"TrainingClock": [1]}}, "x.ckpt", testing=True)
+            check_fields(ckpt, "x.ckpt", "ImageFolderDataModule", testing)
+        return str(refused.value)
+
+    then = "resume from another checkpoint of the run, or start a new run"
+    held = {**held_out, "limits": ["0", None]}, {**held_out, "limits": [2 ** 63, 0]}, {**held_out, "val_size": -1}
+    for path, value, shown in (
+            ("callbacks.TrainingClock.commands", None, "None"), ("callbacks.TrainingClock.commands", 2.5, "2.5"),
+            ("callbacks.TrainingClock.steps", 10 ** 400, "a number past 2**63"),
+            ("callbacks.TrainingClock.train_images", True, "True"),
+            ("callbacks.TrainingClock.training_seconds", None, "None"),
+            ("callbacks.TrainingClock.epochs", float("nan"), "nan"),
+            ("callbacks.TrainingClock.wall_seconds", -1.0, "-1.0"),
+            ("callbacks.TrainingClock.validation_seconds", float("inf"), "inf"),
+            ("callbacks.TrainingClock.first_batches_seconds", "1", "'1'"),
+            ("callbacks.TrainingClock.train_images_per_second", -3.0, "-3.0"),
+            ("callbacks.TimeToAccuracy.reached", {"abc": 1.0}, "{'abc': 1.0}"),
+            ("callbacks.TimeToAccuracy.reached_wall", {"0.5": None}, "{'0.5': None}"),
+            ("callbacks.StopOnNonFinite.last_finite_loss", "x", "'x'"),
+            ("callbacks.RNGStates", [1], "[1]"), ("callbacks.RNGStates.epoch", "1", "'1'"),
+            ("callbacks.RNGStates.batches", -1, "-1"), ("callbacks.RNGStates.states", [{"torch": 1}], "[{'torch': 1}]"),
+            ((*PROGRESS, "current"), {"processed": -1}, "{'processed': -1}"),
+            ((*PROGRESS, "total"), {"processed": "7"}, "{'processed': '7'}"), ((*PROGRESS, "is_last_batch"), 0, "0"),
+            ("schedule.share", "x", "'x'"), ("schedule.share", 1.5, "1.5"), ("schedule.warmup_end_time", "1", "'1'"),
+            ("vit", "x", "'x'"), ("vit.class_names", ["a", 2], "['a', 2]"), ("vit.launch", 3, "3"),
+            ("vit.wandb_run_id", 7, "7"), ("vit.run_share", 2.0, "2.0"), ("vit.warmup_end_time", "x", "'x'"),
+            ("global_step", "8", "'8'"),
+            ("ImageFolderDataModule.images", -4, "-4"), ("ImageFolderDataModule.train_epochs", -1, "-1"),
+            ("ImageFolderDataModule.epoch", 0.5, "0.5"), ("ImageFolderDataModule.skipped_images", None, "None"),
+            ("ImageFolderDataModule.batch_images", "32", "'32'"),
+            ("ImageFolderDataModule.step_images", 2 ** 63, "a number past 2**63"),
+            ("ImageFolderDataModule.train_images", [], "[]"), ("ImageFolderDataModule.epoch_end", 1, "1"),
+            *(("ImageFolderDataModule.held_out", crafted, repr(crafted)[:40]) for crafted in held),
+            ("ImageFolderDataModule.held_out", "val", "'val'"), ("ImageFolderDataModule.held_out", 7, "7")):
+        keys = path if isinstance(path, tuple) else tuple(path.split("."))
+        assert refused(keys, value) == f"x.ckpt: not as this program writes it ({'.'.join(keys)} {shown}): {then}", keys
+    data = "ImageFolderDataModule.split"  # (CIFAR-10's split, under its data module's key)
+    assert refused(data, {"val_size": float("nan"), "seed": "0", "images": -1}) == (
+        f"x.ckpt: not as this program writes it ({data}.val_size nan, {data}.seed '0', {data}.images -1): {then}")
+    assert refused("callbacks", [1], testing=True) == ("x.ckpt: not as this program writes it (callbacks [1]): test "
+                                                       "another checkpoint")  # (to resume: an earlier version's)
+    rng = rng_states()
+    for part, crafted in (("torch", torch.zeros(5056, dtype=torch.uint8)), ("numpy", {**rng["numpy"], "pos": 625}),
+                          ("numpy", {**rng["numpy"], "has_gauss": torch.zeros(2)}), ("cuda", torch.zeros(16)),
+                          ("python", {**rng["python"], "internal": torch.zeros(625, dtype=torch.int64) - 1})):
+        states = [{**rng, part: crafted}]  # (what torch, numpy (past its key at pos 625) or random would not set)
+        assert refused("callbacks.RNGStates.states", states).startswith("x.ckpt: not as this program writes it "
+                                                                        "(callbacks.RNGStates.states [{"), part
+    ckpt = {**written, "schedule": {"share": "x", "warmup_end_time": -1},
+            "loops": {"fit_loop": {"epoch_loop.batch_progress": 5}}}
+    with pytest.raises(CheckpointError) as every:
+        check_fields(ckpt, "x.ckpt", "ImageFolderDataModule", testing=True)
+    assert str(every.value) == ("x.ckpt: not as this program writes it (loops.fit_loop.epoch_loop.batch_progress 5, "
+                                "schedule.warmup_end_time -1, schedule.share 'x'): test another checkpoint")
 
 
 def test_the_digest_of_changes_is_the_same_whatever_the_users_git_settings(tmp_path, monkeypatch):

@@ -279,11 +279,11 @@ def decide(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data
     """Process 0's decision (``open_for_fit``): the run folder (``resolve``), held for this launch
     (vit.cluster.run_lock: a folder another launch holds ends the start with one line naming it, before
     anything there is read), and the checkpoint it resumes from with its contents, checked to fit the command
-    line's ``arch`` and to keep its validation split with the command line's ``data``
-    (vit.models.checkpoints.check_split), before any work; a requeued or restarted launch (its attempt past 0)
-    continues from its own run folder's newest checkpoint, whatever ``ckpt_path`` file its first attempt started
-    from; a folder this call created is appended to ``claimed`` (removed again if the run never starts). Says
-    which in one line. It then deletes the drafts of saves killed in an earlier attempt
+    line's ``arch``, to be as this program writes it (vit.models.checkpoints.check_fields) and to keep its
+    validation split with the command line's ``data`` (vit.models.checkpoints.check_split), before any work; a
+    requeued or restarted launch (its attempt past 0) continues from its own run folder's newest checkpoint,
+    whatever ``ckpt_path`` file its first attempt started from; a folder this call created is appended to
+    ``claimed`` (removed again if the run never starts). Says which in one line. It then deletes the drafts of saves killed in an earlier attempt
     (vit.cluster.checkpoint_io): process 0 alone writes checkpoints (Lightning saves on the global rank zero
     only), no training of this run has begun, and no other launch trains in the folder: no draft is a live
     save's."""
@@ -291,7 +291,7 @@ def decide(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data
 
     from vit.cluster import run_lock
     from vit.cluster.checkpoint_io import remove_drafts
-    from vit.models.checkpoints import check_clock, check_fits, check_split
+    from vit.models.checkpoints import check_fields, check_fits, check_split, module_key
 
     fixed = name or launch_name()
     if ckpt_path not in (None, "last") and attempt() != "0" and fixed and own_newest(root / fixed):
@@ -301,7 +301,7 @@ def decide(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data
     given = read_checkpoint(ckpt_path) if ckpt_path not in (None, "last") else None
     if given is not None:
         check_fits(given, arch, ckpt_path)
-        check_clock(given, ckpt_path)
+        check_fields(given, ckpt_path, module_key(data))
         check_split(given, data, ckpt_path)
     existed = set(root.iterdir()) if root.is_dir() else set()
     run, note, found = resolve(root, ckpt_path, name)
@@ -318,7 +318,7 @@ def decide(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data
     resume = None
     if resume_from is not None:
         check_fits(ckpt, arch, ckpt_path)
-        check_clock(ckpt, resume_from)
+        check_fields(ckpt, resume_from, module_key(data))
         check_split(ckpt, data, resume_from)
         resume = (resume_from, ckpt)
     rank_zero_info(note or f"run folder: {run}")

@@ -35,7 +35,8 @@ from vit.training import commits, loggers, results
 from vit.training.callbacks import LogConfig, run_callbacks
 from vit.training.guards import StopAfterMinutes, Watchdog
 from vit.training.progress import ProgressBar
-from vit.models.checkpoints import check_clock, check_split, old_option, read_checkpoint, refuse_removed
+from vit.models.checkpoints import (check_fields, check_split, module_key, old_option, read_checkpoint,
+                                    refuse_removed)
 from vit.data.datamodules import split_batch
 from vit.exits import ConfigError, Stopped
 from vit.training.loggers import quiet_lightning
@@ -231,7 +232,7 @@ class ViTCLI(LightningCLI):
                 raise ConfigError("test needs --ckpt_path CKPT, the checkpoint file to evaluate")
             ckpt = read_checkpoint(cfg.ckpt_path)
             refuse_removed(ckpt, cfg.ckpt_path, resume=False)
-            check_clock(ckpt, cfg.ckpt_path, testing=True)
+            check_fields(ckpt, cfg.ckpt_path, module_key(data), testing=True)
             check_split(ckpt, data, cfg.ckpt_path, testing=True)
             hparams = {k: v for k, v in ckpt.get("hyper_parameters", {}).items() if not k.startswith("_")}
             self.config = cfg = self.parser.parse_object({"model": hparams}, cfg)  # the checkpoint's model

@@ -104,7 +104,7 @@ class DataPosition:
     def load_state_dict(self, state: dict) -> None:
         self.epochs = state.get("train_epochs", 0)
         self.resume_at = None  # (at an epoch's end the next iterator starts the next epoch; vit-train resumes no
-        if state.get("epoch_end") is not True and "images" in state:  # checkpoint without images: check_clock)
+        if state.get("epoch_end") is not True and "images" in state:  # checkpoint without images: check_fields)
             self.resume_at = (state["epoch"], state["images"], state["skipped_images"])
 
 
@@ -114,8 +114,7 @@ def check_global_batch(ckpt: dict, datamodule, accumulate: int, name: str | None
     one is refused in one line, before training (a changed global batch would change the steps of an epoch, the
     learning rate's scaling and the schedule mid-run; a place between two loader batches would be rounded down
     to the start of a batch, and the run would train on other images than the uninterrupted run's)."""
-    state = ckpt.get(type(datamodule).__qualname__)
-    state = state if isinstance(state, dict) else {}
+    state = ckpt.get(type(datamodule).__qualname__) or {}  # (as written: vit.models.checkpoints.check_fields)
     batch = getattr(datamodule, "batch_size", None)
     batch = batch if isinstance(batch, int) else None
     name = name or "the checkpoint"
@@ -130,20 +129,14 @@ def check_global_batch(ckpt: dict, datamodule, accumulate: int, name: str | None
     check_position(ckpt, state, batch, name)
 
 
-def dig(tree, *keys) -> dict:
-    """``tree[k1][k2]…``, a dict, or {} where a level is missing or not a dict (a crafted checkpoint)."""
-    for key in keys:
-        tree = tree.get(key) if isinstance(tree, dict) else None
-    return tree if isinstance(tree, dict) else {}
-
-
 def mid_epoch(ckpt: dict, state: dict, position: int) -> bool:
     """Whether a checkpoint's data position (anything but 0) is inside its epoch: not where its data position
     records that the loader had finished the epoch (``DataPosition.state_dict``), nor where Lightning's loop
     records that the last batch it took was the epoch's last (without either record, mid-epoch)."""
     if position <= 0 or state.get("epoch_end") is True:
         return False
-    return dig(ckpt, "loops", "fit_loop", "epoch_loop.batch_progress").get("is_last_batch") is not True
+    progress = ckpt.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress", {})
+    return progress.get("is_last_batch") is not True
 
 
 def check_position(ckpt: dict, state: dict, batch: int, name: str) -> None:
@@ -154,13 +147,12 @@ def check_position(ckpt: dict, state: dict, batch: int, name: str) -> None:
     batch before it. Step checkpoints and the stop at a signal are written at a step's end: a multiple of the
     global batch, which fits every split of it, unless the loader skipped unreadable batches
     (vit.data.datamodules.SkipUnreadable) of fewer images than this run's before it. Refused in one line naming the splits
-    that fit."""
+    that fit. Its counts are as written (vit.models.checkpoints.check_fields); an earlier version's may be missing."""
     import math
 
     images, skipped, theirs = state.get("images"), state.get("skipped_images", 0), state.get("batch_images")
     step = state.get("step_images")
-    if not all(isinstance(n, int) and n >= 0 for n in (images, skipped, theirs, step)) or not theirs or \
-            not mid_epoch(ckpt, state, images):
+    if None in (images, skipped, theirs, step) or not theirs or not mid_epoch(ckpt, state, images):
         return
     if (images - skipped) % step:
         refuse_inside_step(name, (images - skipped) % step // theirs, step // theirs, theirs, images, "image",

@@ -172,69 +172,219 @@ def clock_state(ckpt: dict):
     return callbacks.get(CLOCK) if isinstance(callbacks, dict) else None
 
 
-# the whole numbers and the other figures the clock's state_dict writes (None only where it writes None: no
-# images/s without seconds)
-CLOCK_COUNTS = ("train_images", "steps", "commands")
-CLOCK_FIGURES = ("training_seconds", "epochs", "wall_seconds", "validation_seconds", "first_batches_seconds")
+EARLIER = "drawn at each start"  # an image folder's split kept from an earlier version's checkpoint: drawn as then
 
 
-def check_clock(ckpt: dict, name, testing: bool = False) -> None:
-    """A checkpoint's training clock as TrainingClock writes it, or one line before any work (CheckpointError):
-    an edited or crafted one would stop the run part way with a traceback, or its values would reach the record;
-    a checkpoint to resume (not ``testing``) holds it and the data's position in images, or it is refused.
-    A figure an earlier version did not write may be missing; its ``trees`` are read leniently (an entry not as
-    vit.training.commits.code writes it is code not known)."""
-    state = clock_state(ckpt)
+# --- what a field this program reads back must be (FIELDS): what the code that wrote it writes --------------------
+
+def integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def whole(value) -> bool:
+    """A count: a whole number ≥ 0 that torch's int64 holds."""
+    return integer(value) and 0 <= value < 2 ** 63
+
+
+def figure(value) -> bool:
+    """A finite number ≥ 0 (seconds, epochs, a val_size)."""
+    return whole(value) or isinstance(value, float) and math.isfinite(value) and value >= 0
+
+
+def optional(check):
+    """``check``, or None where the code writes None (no images/s without seconds, no W&B run)."""
+    return lambda value: value is None or check(value)
+
+
+def share(value) -> bool:
+    return figure(value) and value <= 1
+
+
+def a_float(value) -> bool:
+    return isinstance(value, float)  # (nan too: no finite loss yet)
+
+
+def a_bool(value) -> bool:
+    return isinstance(value, bool)
+
+
+def text(value) -> bool:
+    return isinstance(value, str)
+
+
+def texts(value) -> bool:
+    return isinstance(value, list) and all(text(v) for v in value)
+
+
+def counts(value) -> bool:
+    """Lightning's batch counters (vit.data.resume.DataSplit shifts each of them)."""
+    return isinstance(value, dict) and all(whole(v) for v in value.values())
+
+
+def thresholds(value) -> bool:
+    """TimeToAccuracy's times reached: each accuracy (a float, written as a str) → seconds."""
+    def accuracy(key) -> bool:
+        try:
+            return isinstance(key, str) and math.isfinite(float(key))
+        except ValueError:
+            return False
+
+    return isinstance(value, dict) and all(accuracy(k) and figure(v) for k, v in value.items())
+
+
+def tensor_of(value, dtype, size: int | None = None) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor) and value.dtype == dtype and value.dim() == 1 and \
+        (size is None or value.numel() == size)
+
+
+def torch_takes(state) -> bool:
+    """Whether torch sets its CPU generator to ``state`` (it checks more than the size: "Invalid mt19937 state")."""
+    import torch
+
+    if not tensor_of(state, torch.uint8, torch.get_rng_state().numel()):
+        return False
+    with torch.random.fork_rng(devices=[]):  # (this process's own state is left as it was)
+        try:
+            torch.set_rng_state(state)
+        except RuntimeError:
+            return False
+    return True
+
+
+def numpy_takes(n) -> bool:
+    """numpy's legacy state as set_rng_states hands it over (at a ``pos`` past its 624 words, numpy would read past
+    them)."""
+    import torch
+
+    return (isinstance(n, dict) and text(n.get("kind")) and n["kind"] == "MT19937"
+            and tensor_of(n.get("keys"), torch.int64, 624) and whole(n.get("pos")) and n["pos"] <= 624
+            and integer(n.get("has_gauss")) and n["has_gauss"] in (0, 1) and isinstance(n.get("cached_gaussian"), float))
+
+
+def random_takes(p) -> bool:
+    """random's state as set_rng_states hands it over: version 3's 624 words of 32 bits and its index."""
+    import torch
+
+    if not (isinstance(p, dict) and integer(p.get("version")) and p["version"] == 3
+            and tensor_of(p.get("internal"), torch.int64, 625)):
+        return False
+    words, index = p["internal"][:-1], p["internal"][-1].item()
+    return bool(((words >= 0) & (words < 2 ** 32)).all()) and 0 <= index <= 624 and \
+        (p.get("gauss") is None or isinstance(p["gauss"], float))
+
+
+def process_rng(states) -> bool:
+    """One process's RNG states as vit.data.resume.rng_states writes them, in the shapes its set_rng_states sets them
+    from (torch, numpy and random would refuse others mid-run, with a traceback)."""
+    import torch
+
+    return isinstance(states, dict) and torch_takes(states.get("torch")) and \
+        (states.get("cuda") is None or tensor_of(states["cuda"], torch.uint8)) and \
+        numpy_takes(states.get("numpy")) and random_takes(states.get("python"))
+
+
+def rng_list(value) -> bool:
+    """RNGStates' states: one process's (``process_rng``) for each process of the run."""
+    return isinstance(value, list) and len(value) > 0 and all(process_rng(states) for states in value)
+
+
+def validation_split(value) -> bool:
+    """An image folder's validation split as vit.data.datamodules.ImageFolderDataModule writes it: "val/", EARLIER,
+    or a drawn one (``images``: the images it was drawn over, which an earlier version did not record)."""
+    keys = {"seed", "val_size", "classes", "limits"}
+    if isinstance(value, str):
+        return value in ("val/", EARLIER)
+    return (isinstance(value, dict) and value.keys() in (keys, keys | {"images"}) and integer(value["seed"])
+            and figure(value["val_size"]) and whole(value.get("images", 0)) and texts(value["classes"])
+            and isinstance(value["limits"], list) and len(value["classes"]) == len(value["limits"])
+            and all(v is None or integer(v) and -2 ** 63 <= v < 2 ** 63 for v in value["limits"]))
+
+
+DATA = "<data module>"  # (in FIELDS: the command line's data module's key, its class's name: ``module_key``)
+PROGRESS = ("loops", "fit_loop", "epoch_loop.batch_progress")  # (Lightning's: vit.private_api)
+
+# Each field of a checkpoint this program reads back, by its path: what it must be. An edited or crafted value
+# would stop a run part way with a traceback, or reach the record; a field an earlier version did not write may be
+# missing. The clock's ``trees`` are read leniently instead (vit.training.commits.code_of: code not known).
+FIELDS = {
+    **{("callbacks", CLOCK, key): whole for key in ("train_images", "steps", "commands")},
+    **{("callbacks", CLOCK, key): figure for key in ("training_seconds", "epochs", "wall_seconds",
+                                                      "validation_seconds", "first_batches_seconds")},
+    ("callbacks", CLOCK, "train_images_per_second"): optional(figure),  # (None: no seconds yet)
+    ("callbacks", "TimeToAccuracy", "reached"): thresholds,
+    ("callbacks", "TimeToAccuracy", "reached_wall"): thresholds,
+    ("callbacks", "StopOnNonFinite", "last_finite_loss"): a_float,
+    ("callbacks", "RNGStates", "epoch"): whole,
+    ("callbacks", "RNGStates", "batches"): whole,
+    ("callbacks", "RNGStates", "states"): rng_list,
+    (*PROGRESS, "current"): counts,
+    (*PROGRESS, "total"): counts,
+    (*PROGRESS, "is_last_batch"): a_bool,
+    ("schedule", "warmup_end_time"): optional(figure),
+    ("schedule", "share"): share,
+    ("vit", "warmup_end_time"): optional(figure),  # (the schedule's, before it had its own entry)
+    ("vit", "run_share"): share,
+    ("vit", "class_names"): texts,
+    ("vit", "launch"): optional(text),
+    ("vit", "wandb_run_id"): optional(text),
+    ("global_step",): whole,
+    # the data's position (vit.data.resume.DataPosition) and its split (CIFAR-10's split, an image folder's held_out)
+    **{(DATA, key): whole for key in ("train_epochs", "epoch", "images", "skipped_images", "batch_images",
+                                      "step_images", "train_images")},
+    (DATA, "epoch_end"): a_bool,
+    (DATA, "held_out"): validation_split,
+    (DATA, "split", "val_size"): figure,
+    (DATA, "split", "seed"): integer,
+    (DATA, "split", "images"): whole,
+}
+
+
+def module_key(data: dict) -> str:
+    """Where a checkpoint keeps the state of the command line's data module ``data`` (its ``class_path`` and its
+    arguments): under its class's name."""
+    return str(data.get("class_path", "")).rsplit(".", 1)[-1]
+
+
+def shown(value) -> str:  # (a crafted whole number may have more digits than Python writes out)
+    return "a number past 2**63" if integer(value) and value.bit_length() > 63 else repr(value)[:40]
+
+
+def check_fields(ckpt: dict, name, data_key: str, testing: bool = False) -> None:
+    """Every field of ``ckpt`` in FIELDS as this program writes it, or one line naming those that are not, before any
+    work (CheckpointError); a level the table goes into must be a dict. ``data_key``: the command line's data
+    module's (``module_key``). A checkpoint to resume (not ``testing``) also holds the training clock and the data's
+    position in images, or it is refused: an earlier version wrote it."""
     # (vit.data.resume.DataPosition's state, in a data module's: in loader batches before it was in images)
     in_batches = any(isinstance(v, dict) and "train_epochs" in v and "images" not in v for v in ckpt.values())
-    if not testing and (state is None or in_batches):
+    if not testing and (clock_state(ckpt) is None or in_batches):
         raise CheckpointError(f"{name}: written by an earlier version, which did not record its training clock or "
                               f"its place in the data in images, so no run continues it exactly: test, classify, "
                               f"roll out or export it, or start a new run")
-    if state is None:
-        return
-
-    def fits(key: str) -> bool:
-        value = state[key]
-        if key == "train_images_per_second" and value is None:
-            return True
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return False
-        if key in CLOCK_COUNTS and not isinstance(value, int):
-            return False
-        return 0 <= value < 2 ** 63 if isinstance(value, int) else value >= 0 and math.isfinite(value)
-
-    def shown(value) -> str:  # (a crafted whole number may have more digits than Python writes out)
-        return "a number past 2**63" if isinstance(value, int) and value.bit_length() > 63 else repr(value)[:40]
-
-    keys = (*CLOCK_COUNTS, *CLOCK_FIGURES, "train_images_per_second")
-    bad = [key for key in keys if key in state and not fits(key)] if isinstance(state, dict) else []
-    if not isinstance(state, dict) or bad:
-        what = ", ".join(f"{key} {shown(state[key])}" for key in bad) if bad else f"a {type(state).__name__}"
+    bad = {}  # path → value (a level that is not a dict is one entry, however many fields lie under it)
+    for path, fits in FIELDS.items():
+        level, walked = ckpt, ()
+        for key in (data_key if step == DATA else step for step in path):
+            if not isinstance(level, dict):
+                bad[walked] = level
+                break
+            if key not in level:
+                break
+            level, walked = level[key], (*walked, key)
+        else:
+            if not fits(level):
+                bad[walked] = level
+    if bad:
+        what = ", ".join(f"{'.'.join(path)} {shown(value)}" for path, value in bad.items())
         then = "test another checkpoint" if testing else "resume from another checkpoint of the run, or start a new run"
-        raise CheckpointError(f"{name}: its training clock (TrainingClock) is not as this program writes it ({what}): "
-                              f"{then}")
-
-
-EARLIER = "drawn at each start"  # an image folder's split kept from an earlier version's checkpoint: drawn as then
+        raise CheckpointError(f"{name}: not as this program writes it ({what}): {then}")
 
 
 def held_out_count(val_size: int | float, images: int) -> int:
     """The validation images ``--data.val_size`` holds out of ``images``: a count as given, a fraction's share (1 at
     least)."""
     return val_size if isinstance(val_size, int) else max(1, round(val_size * images))
-
-
-def well_formed(held_out) -> bool:
-    """Whether an image folder's ``held_out`` state is a drawn split as vit.data.datamodules.ImageFolderDataModule
-    writes it (``images``: the images it was drawn over, which an earlier version did not record)."""
-    keys = {"seed", "val_size", "classes", "limits"}
-    return (isinstance(held_out, dict) and held_out.keys() in (keys, keys | {"images"})
-            and isinstance(held_out["seed"], int) and isinstance(held_out["val_size"], (int, float))
-            and isinstance(held_out.get("images", 1), int) and isinstance(held_out["classes"], list)
-            and isinstance(held_out["limits"], list) and len(held_out["classes"]) == len(held_out["limits"])
-            and all(isinstance(c, str) for c in held_out["classes"])
-            and all(v is None or isinstance(v, int) and -2**63 <= v < 2**63 for v in held_out["limits"]))
 
 
 def check_split(ckpt: dict, data: dict, name, testing: bool = False) -> None:
@@ -244,13 +394,13 @@ def check_split(ckpt: dict, data: dict, name, testing: bool = False) -> None:
     checkpoint records (its data module's state: CIFAR-10's ``split``, an image folder's ``held_out``) decides;
     a ``--data.val_size`` that holds out as many of the images it was drawn over (a fraction or the count it
     means) and the same ``--data.seed`` keep it. An image folder's split must also find the folder as it left
-    it: the same class folders, and val/ where it validated on val/, none where it drew from train/."""
-    state = ckpt.get(str(data.get("class_path", "")).rsplit(".", 1)[-1])
-    state = state if isinstance(state, dict) else {}
+    it: the same class folders, and val/ where it validated on val/, none where it drew from train/. The split is
+    as this program writes it (check_fields has refused another before this)."""
+    state = ckpt.get(module_key(data)) or {}
     root = Path(str(data.get("root")))
     if "held_out" in state and not (testing and (root / "test").is_dir()):  # (a test/ folder: the split tests nothing)
         recorded = state["held_out"]
-    elif isinstance(state.get("split"), dict) and not testing:  # (CIFAR-10's test reads the test files alone)
+    elif "split" in state and not testing:  # (CIFAR-10's test reads the test files alone)
         recorded = state["split"]
     else:
         return
@@ -258,9 +408,6 @@ def check_split(ckpt: dict, data: dict, name, testing: bool = False) -> None:
         drawn, val = isinstance(recorded, dict), (root / "val").is_dir()
         train = root / "train"
         classes = sorted(d.name for d in train.iterdir() if d.is_dir()) if train.is_dir() else None
-        if not (well_formed(recorded) if drawn else recorded in ("val/", EARLIER)):
-            raise CheckpointError(f"{name}: its validation split (held_out) is not one this version wrote: "
-                                  f"start a new run")
         if recorded == "val/" and not val:
             raise DatasetError(f"{name}: the run validated on {root / 'val'}, which is gone: put it back, or start a "
                                f"new run (without val/, the validation images come from train/, which the run "
@@ -275,7 +422,7 @@ def check_split(ckpt: dict, data: dict, name, testing: bool = False) -> None:
             return
     theirs, seed, images = recorded.get("val_size"), recorded.get("seed"), recorded.get("images")
     ours = (data.get("val_size"), data.get("seed"))
-    numbers = isinstance(images, int) and all(isinstance(v, (int, float)) for v in (theirs, ours[0]))
+    numbers = None not in (images, theirs, ours[0])  # (an earlier version's split records no images)
     if ours == (theirs, seed) or numbers and ours[1] == seed and \
             held_out_count(ours[0], images) == held_out_count(theirs, images):
         return
