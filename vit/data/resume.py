@@ -105,7 +105,7 @@ class DataPosition:
         self.epochs = state.get("train_epochs", 0)
         self.resume_at = None  # (at an epoch's end the next iterator starts the next epoch; vit-train resumes no
         if state.get("epoch_end") is not True and "images" in state:  # checkpoint without images: check_fields)
-            self.resume_at = (state["epoch"], state["images"], state["skipped_images"])
+            self.resume_at = (state.get("epoch", 0), state["images"], state.get("skipped_images", 0))
 
 
 def check_global_batch(ckpt: dict, datamodule, accumulate: int, name: str | None = None) -> None:
@@ -208,8 +208,9 @@ class DataSplit(L.Callback):
         if not theirs or not mine or theirs == mine:
             return
         progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
-        for counts in (progress["current"], progress["total"]) if progress else ():
-            shift = counts["processed"] * theirs // mine - counts["processed"]  # (keeps the counters' differences)
+        for counts in (progress.get(key) or {} for key in ("current", "total")) if progress else ():
+            done = counts.get("processed", 0)
+            shift = done * theirs // mine - done  # (keeps the counters' differences)
             for key in counts:
                 counts[key] += shift
         rng = checkpoint.get("callbacks", {}).get(RNGStates.__qualname__)
