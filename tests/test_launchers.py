@@ -1,5 +1,6 @@
 """What a launcher (SLURM, torchrun) decides, in this process: the run folder and the allocation."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -72,7 +73,8 @@ def test_every_recipe_takes_devices_and_nodes_from_the_slurm_allocation(recipe, 
 
     for key, value in SLURM_JOB.items():
         no_launcher.setenv(key, value)
-    no_launcher.setattr(launch, "join_group", lambda *args: None)  # (one process here: the job's 4 in tests/cluster)
+    joined = []  # (one process here: the job's 4 join their group in tests/cluster)
+    no_launcher.setattr(launch, "join_group", lambda *args: joined.append(args))
     cli = ViTCLI("fit", ["--config", recipe, "--data.root", str(tmp_path / "data"), "--trainer.logger", "false",
                          "--trainer.default_root_dir", str(tmp_path / "runs"), "--ddp_timeout", "42",
                          "--trainer.accelerator", "cpu"], [])
@@ -83,6 +85,7 @@ def test_every_recipe_takes_devices_and_nodes_from_the_slurm_allocation(recipe, 
     environment = trainer.strategy.cluster_environment
     assert isinstance(environment, SLURMEnvironment) and not environment.auto_requeue
     assert (tmp_path / "runs" / "slurm-77").is_dir()  # (the line it prints: tests/cluster/test_slurm.py)
+    assert joined == [("gloo", 42 + 60)]  # before the folder was decided, with the collectives' timeout
 
 
 def _ask_wandb_id(run: str) -> str:
@@ -118,3 +121,44 @@ def test_new_wandb_ids_read_back_from_config_yaml_as_strings(tmp_path):
         assert len(new) == 9 and new[0].isalpha() and parser.parse_string(f"id: {new}").id == new
     with pytest.raises(Exception, match="inf"):  # (what a hex id did)
         parser.parse_string("id: 65e28918")
+
+
+SRUN_TASK = {"SLURM_JOB_ID": "77", "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NODEID": "0",
+             "SLURM_JOB_NAME": "train", "SLURM_NODELIST": "vm"}
+TORCHRUN = {"TORCHELASTIC_RUN_ID": "none", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "0", "RANK": "3", "WORLD_SIZE": "4",
+            "MASTER_ADDR": "host", "MASTER_PORT": "29500", "TORCHELASTIC_RESTART_COUNT": "2"}
+
+
+@pytest.mark.parametrize("env,joined", [
+    (SRUN_TASK, ("rank 1 of 2", "vm")),  # task 1 of a SLURM job of 2: SLURM's ranks, Lightning's address
+    ({**SRUN_TASK, **TORCHRUN, "TORCHELASTIC_USE_AGENT_STORE": "True"}, ("rank 3 of 4", "vit/attempt_2")),
+    ({**TORCHRUN, "TORCHELASTIC_USE_AGENT_STORE": "False"}, ("env://", "host")),  # each attempt's rank 0 hosts one
+    ({**SRUN_TASK, "SLURM_NTASKS": "1", "SLURM_PROCID": "0"}, None),  # one task: no group
+    ({**SRUN_TASK, "SLURM_JOB_NAME": "interactive"}, None),  # srun in an interactive allocation: not a job's task
+    ({**TORCHRUN, "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}, None),
+    ({"WORLD_SIZE": "2", "RANK": "1"}, "WORLD_SIZE is 2 but RANK, MASTER_ADDR or MASTER_PORT is not set"),
+])
+def test_the_processes_join_the_group_their_launcher_made_them_for(no_launcher, env, joined):
+    """join_group: torchrun's processes (inside a SLURM job too, with its agent's store under a prefix per attempt)
+    before SLURM's tasks; no group for one process; a WORLD_SIZE with no way to reach the others refused."""
+    import torch.distributed as dist
+
+    from vit.cluster import launch
+    from vit.exits import ConfigError
+
+    made = []
+    for key, value in env.items():
+        no_launcher.setenv(key, value)
+    no_launcher.setattr(dist, "is_initialized", lambda: False)
+    no_launcher.setattr(dist, "TCPStore", lambda host, port, **kwargs: host)
+    no_launcher.setattr(dist, "PrefixStore", lambda prefix, store: prefix)
+    no_launcher.setattr(dist, "init_process_group", lambda backend, store=None, rank=None, world_size=None, **kwargs:
+                        made.append((f"rank {rank} of {world_size}" if rank is not None else "env://",
+                                     store or os.environ["MASTER_ADDR"])))
+    no_launcher.setattr("atexit.register", lambda *args: None)
+    if isinstance(joined, str):
+        with pytest.raises(ConfigError, match=f"^{joined}: start the processes with torchrun or srun"):
+            launch.join_group("gloo", 60)
+        return
+    launch.join_group("gloo", 60)
+    assert made == ([joined] if joined else [])

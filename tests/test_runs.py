@@ -295,7 +295,7 @@ def test_process_zero_chooses_the_checkpoint_once_it_holds_the_folder(tmp_path, 
 
 # process RANK of a launch of 2 (a launcher's variables: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) opens run
 # argv[2] under argv[1] for --ckpt_path last and prints what it got; process 1 never looks at the folder or its
-# lock; with DIES=1, process 0 dies before it decides
+# lock; with DIES=1, process 0 dies before it decides; with FAILS=1, it fails with an error that is no bad input
 START = """
 import json, os, sys
 from pathlib import Path
@@ -304,10 +304,14 @@ if os.environ["RANK"] != "0":
     runs.newest_readable = run_lock.take = lambda *args: sys.exit("process 1 looked at the folder or its lock")
 elif os.environ.get("DIES"):
     runs.decide = lambda *args: os._exit(3)
-launch.join_group(False, 60)
+elif os.environ.get("FAILS"):
+    def decide(*args):
+        raise OSError("the disk went away")
+    runs.decide = decide
+launch.join_group("gloo", 60)
 try:
     run, (path, ckpt) = runs.open_for_fit(Path(sys.argv[1]), "last", sys.argv[2], {}, {}, [])
-    print(json.dumps([run.name, path.name, ckpt["global_step"]]))
+    print(json.dumps([run.name, path.name, ckpt["global_step"], "state_dict" in ckpt]))
 except Exception as e:
     print(json.dumps([type(e).__name__, str(e)]))
 """
@@ -331,17 +335,21 @@ def launch_of_two(root, name: str, **env) -> list:
     finally:
         for proc in procs:
             proc.kill()
+            proc.wait()
 
 
 def test_process_zero_decides_and_hands_its_decision_to_the_others_through_the_process_group(tmp_path):
     """Process 0 of a launch holds the folder and chooses the checkpoint (step.ckpt, saved last); process 1, which
-    never reads the folder or its lock, resumes from the same one. While another launch holds the folder, process
-    0's refusal is every process's, in the same line. A process 0 that dies before it decides ends the others at
-    once (their broadcast fails), never a wait."""
+    never reads the folder, its lock or the checkpoint's weights, resumes from the same one, with its contents but
+    the weights. While another launch holds the folder, process 0's refusal is every process's, in the same line.
+    A process 0 that fails while it decides ends the others with a line naming its error, and one that dies ends
+    them at once (their broadcast fails: exit 5), never a wait."""
+    from vit import failures
+
     run = tmp_path / "runs" / "x"
     write(run / runs.CHECKPOINTS / "last.ckpt", 6, saved=100.0)
     write(run / runs.CHECKPOINTS / "step.ckpt", 9, saved=200.0)
-    assert launch_of_two(tmp_path / "runs", "x") == [["x", "step.ckpt", 9]] * 2
+    assert launch_of_two(tmp_path / "runs", "x") == [["x", "step.ckpt", 9, True], ["x", "step.ckpt", 9, False]]
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -351,9 +359,13 @@ def test_process_zero_decides_and_hands_its_decision_to_the_others_through_the_p
         holder.wait()
     assert zero[0] == "RunError" and zero[1].startswith(f"{run} is in use: another process trains in it (pid "
                                                         f"{holder.pid} ") and one == zero
+    assert launch_of_two(tmp_path / "runs", "x", FAILS="1") == [
+        ["OSError", "the disk went away"],
+        ["LostProcesses", "process 0 failed while it made its run folder and the checkpoint it resumes from (OSError: "
+                          "the disk went away); it says why"]]
     started = time.monotonic()
     zero, one = launch_of_two(tmp_path / "runs", "x", DIES="1")
-    assert zero is None and one[0] != "RunError" and time.monotonic() - started < 100
+    assert zero is None and failures.lost_contact(RuntimeError(one[1])) and time.monotonic() - started < 60
 
 
 def test_processes_of_lightnings_launcher_take_the_launching_processs_decision(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ import threading
 from datetime import timedelta
 from typing import Callable, TypeVar
 
-from vit.exits import BadInput, Stopped, status_of
+from vit.exits import BadInput, ConfigError, LostProcesses, Stopped, status_of
 
 T = TypeVar("T")
 MAX_REQUEUES = 20  # an array task's requeues before it says how to continue instead (as train.sbatch's default)
@@ -65,11 +65,16 @@ def slurm_job() -> str | None:
     return env.get("SLURM_JOB_ID")
 
 
+def under_torchrun() -> bool:
+    """Whether torchrun started this process, inside a SLURM job too: then torchrun's processes are the run's,
+    not SLURM's tasks (as Lightning has it)."""
+    return all(k in os.environ for k in ("TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE", "GROUP_RANK"))
+
+
 def torchrun_id() -> str | None:
-    """The rendezvous id of the torchrun launch this process belongs to, else None."""
-    env = os.environ
-    launched = all(k in env for k in ("TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE", "GROUP_RANK"))
-    return env["TORCHELASTIC_RUN_ID"] if launched and env["TORCHELASTIC_RUN_ID"] != "none" else None
+    """The rendezvous id of the torchrun launch this process belongs to (None without one: torchrun's "none")."""
+    return os.environ["TORCHELASTIC_RUN_ID"] if under_torchrun() and os.environ["TORCHELASTIC_RUN_ID"] != "none" \
+        else None
 
 
 def attempt() -> str:
@@ -96,12 +101,12 @@ def allocation() -> tuple[int, int] | None:
     """(processes per node, nodes) as the launcher allocated them — a SLURM job's tasks, torchrun's
     --nproc-per-node and --nnodes — or None when no launcher started this process."""
     env = os.environ
+    if under_torchrun():
+        per_node = int(env["LOCAL_WORLD_SIZE"])
+        return per_node, int(env["WORLD_SIZE"]) // per_node
     if slurm_job():
         nodes = int(env.get("SLURM_JOB_NUM_NODES", env.get("SLURM_NNODES", 1)))
         return int(env["SLURM_NTASKS"]) // nodes, nodes
-    if torchrun_id():
-        per_node = int(env["LOCAL_WORLD_SIZE"])
-        return per_node, int(env["WORLD_SIZE"]) // per_node
     return None
 
 
@@ -116,36 +121,47 @@ def allocated_gpus() -> str | None:
     return None
 
 
-def join_group(cuda: bool, timeout_seconds: float) -> None:
-    """Where a launcher started the processes (SLURM, torchrun, or any that sets RANK and WORLD_SIZE), make the
-    default process group here, as Lightning would make it (NCCL with ``cuda``, else gloo), before the run's
-    folder and checkpoint are decided: process 0 decides them and hands them to the others through this group
-    (vit.cluster.runs.open_for_fit). Lightning then uses the group it finds.
+def join_group(backend: str, timeout_seconds: float) -> None:
+    """Where a launcher started the processes (torchrun, SLURM, or any that sets RANK, WORLD_SIZE, MASTER_ADDR and
+    MASTER_PORT), make the default process group here, as Lightning would make it, before the run's folder and
+    checkpoint are decided: process 0 decides them and hands them to the others through it
+    (vit.cluster.runs.open_for_fit). Lightning then uses the group it finds. A WORLD_SIZE over 1 with no way to
+    reach the others is refused in one line.
 
     ``torchrun --max-restarts`` restarts the group against the same store, its agent's. Each worker writes its
     address into that store; torch 2.14 keys them the same in every attempt, so a restarted worker can read the
     address of a worker of the previous attempt and fail to connect (gloo: "Connection refused" to a dead
     worker's port; reproduced with a 10-line torch script, no Lightning). A ``PrefixStore`` named after
     torchrun's attempt keeps the attempts apart."""
+    import atexit
+
     import torch.distributed as dist
 
-    env = os.environ
-    if dist.is_initialized() or int(env.get("WORLD_SIZE", env.get("SLURM_NTASKS", 1)) or 1) < 2:
+    env, timeout = os.environ, timedelta(seconds=timeout_seconds)
+    if dist.is_initialized():
         return
-    timeout, backend = timedelta(seconds=timeout_seconds), "nccl" if cuda else "gloo"
-    if slurm_job() and torchrun_id() is None:
+    if under_torchrun() or not slurm_job():
+        if int(env.get("WORLD_SIZE", 1)) < 2:
+            return
+        if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            agent = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=timeout)
+            store = dist.PrefixStore(f"vit/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", agent)
+            dist.init_process_group(backend, store=store, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
+                                    timeout=timeout)
+        elif all(key in env for key in ("RANK", "MASTER_ADDR", "MASTER_PORT")):
+            dist.init_process_group(backend, timeout=timeout)  # (each torchrun attempt's rank 0 hosts a new store)
+        else:
+            raise ConfigError(f"WORLD_SIZE is {env['WORLD_SIZE']} but RANK, MASTER_ADDR or MASTER_PORT is not set: "
+                              f"start the processes with torchrun or srun, or set all four")
+    else:
         from lightning.pytorch.plugins.environments import SLURMEnvironment
 
         slurm = SLURMEnvironment()  # (its address and port, as Lightning's own group under SLURM takes them)
+        if slurm.world_size() < 2:
+            return
         env["MASTER_ADDR"], env["MASTER_PORT"] = slurm.main_address, str(slurm.main_port)
         dist.init_process_group(backend, rank=slurm.global_rank(), world_size=slurm.world_size(), timeout=timeout)
-    elif torchrun_id() is not None and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        agent = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=timeout)
-        store = dist.PrefixStore(f"vit/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", agent)
-        dist.init_process_group(backend, store=store, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
-                                timeout=timeout)
-    elif "RANK" in env and "MASTER_ADDR" in env:  # (each torchrun attempt's rank 0 hosts a new store)
-        dist.init_process_group(backend, timeout=timeout)
+    atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())  # (as Lightning does)
 
 
 def peers_store():
@@ -181,8 +197,7 @@ def apply_allocation(trainer) -> None:
     trainer.devices, trainer.num_nodes = devices, nodes
     if devices * nodes > 1 and trainer.strategy == "auto":
         trainer.strategy = "ddp"
-    job = slurm_job()
-    launcher = f"SLURM job {job}" if job else f"torchrun {torchrun_id()}"
+    launcher = f"torchrun {os.environ['TORCHELASTIC_RUN_ID']}" if under_torchrun() else f"SLURM job {slurm_job()}"
     rank_zero_info(f"{launcher}: {devices} process(es) per node on {nodes} node(s)"
                    + (f" (the allocation's; the recipe's {' and '.join(overridden)} overridden)" if overridden else ""))
 
@@ -211,7 +226,7 @@ def parallelism(trainer: dict, ddp_timeout: float) -> dict:
         kwargs["strategy"] = DDPStrategy(timeout=timedelta(seconds=ddp_timeout), broadcast_buffers=False)
     plugins = trainer.get("plugins") or []
     kwargs["plugins"] = [*(plugins if isinstance(plugins, list) else [plugins]), AtomicCheckpointIO(),
-                         *([SLURMEnvironment(auto_requeue=False)] if slurm_job() else [])]
+                         *([SLURMEnvironment(auto_requeue=False)] if slurm_job() and not under_torchrun() else [])]
     return kwargs
 
 
@@ -219,31 +234,40 @@ def from_process_zero(make: Callable[[], T], what: str) -> T:
     """``make()`` run by process 0 only, its result (or its BadInput error) given to every process. One
     broadcast, on a gloo group of its own without a practical time limit (as Lightning's prepare_data
     barrier): the others wait for as long as process 0 works (it checks a folder's images, say), and say so
-    once a minute (waiting for process 0's ``what``); if process 0 dies, the broadcast fails on the others at
-    once (its connection closes), never a silent hang."""
+    once a minute (waiting for process 0's ``what``). Process 0 failing otherwise ends them with a line naming
+    its error (exit 5) before it raises that error itself; process 0 gone ends them at once (its connection
+    closes), never a silent hang."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
         return make()
-    group = dist.new_group(backend="gloo", timeout=timedelta(days=10))  # every process, in the same order
     box: list = [None]
     rank, world = dist.get_rank(), dist.get_world_size()
     # a long wait is said once a minute, by process 1 for all the others (process 0 says what it does: its
     # index read, or every image checked), so that a job's one log gets one line a minute
     others = "process 1" if world == 2 else f"processes 1 to {world - 1}"
     waiting = _Every(60.0, f"{others}: still waiting for process 0's {what}") if rank == 1 else None
+    failed, group = None, None
     try:
+        group = dist.new_group(backend="gloo", timeout=timedelta(days=10))  # every process, in the same order
         if rank == 0:
             try:
                 box[0] = make()
             except BadInput as e:
                 box[0] = e
+            except Exception as e:  # noqa: BLE001 - raised again below, once the others know it
+                failed, first = e, (str(e).splitlines() or [""])[0]
+                box[0] = LostProcesses(f"process 0 failed while it made its {what} ({type(e).__name__}: {first}); "
+                                       f"it says why")
         dist.broadcast_object_list(box, src=0, group=group)
     finally:
         if waiting is not None:
             waiting.stop()
-        dist.destroy_process_group(group)
-    if isinstance(box[0], BadInput):
+        if group is not None:
+            dist.destroy_process_group(group)
+    if failed is not None:
+        raise failed
+    if isinstance(box[0], (BadInput, LostProcesses)):
         raise box[0]
     return box[0]
 
@@ -253,7 +277,7 @@ class _Every:
 
     def __init__(self, seconds: float, line: str):
         self.seconds, self.line, self.done = seconds, line, threading.Event()
-        self.thread = threading.Thread(target=self._run, name="vit-index-wait", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="vit-waits-for-process-0", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:

@@ -225,7 +225,8 @@ def own_newest(run: Path) -> bool:
         found = newest_readable(run)
     except RunError:
         return False
-    return found is not None and found[1].get("vit", {}).get("launch") == launch_name()
+    vit = found[1].get("vit") if found is not None else None
+    return isinstance(vit, dict) and vit.get("launch") == launch_name()
 
 
 def place_outputs(cfg, run: Path, known_wandb_id: str | None) -> None:
@@ -261,17 +262,22 @@ def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict
     if os.environ.get(ENV):
         run, resume_from = Path(os.environ[ENV]), os.environ.get(RESUMES) or None
     else:
-        decided: list = []  # process 0's (run, (checkpoint, its contents)): the others read the checkpoint
+        decided: list = []  # process 0's (run, (checkpoint, its contents))
 
-        def on_zero() -> tuple[Path, Path | None]:
+        def on_zero() -> tuple[Path, tuple[Path, dict] | None]:
             decided.append(decide(root, ckpt_path, name, arch, data, claimed))
             run, resume = decided[0]
-            return run, resume and resume[0]
+            return run, resume and (resume[0], without_weights(resume[1]))
 
-        run, resume_from = from_process_zero(on_zero, "run folder and the checkpoint it resumes from")
-        if decided:
-            return decided[0]
+        run, resume = from_process_zero(on_zero, "run folder and the checkpoint it resumes from")
+        return decided[0] if decided else (run, resume)
     return run, resume_from and (Path(resume_from), read_checkpoint(resume_from))
+
+
+def without_weights(ckpt: dict) -> dict:
+    """A checkpoint's contents but its weights and optimizer state: what the other processes need of it before
+    Lightning loads it on each of them (its data position, loops, clock and metadata), handed to them."""
+    return {key: value for key, value in ckpt.items() if key not in ("state_dict", "optimizer_states")}
 
 
 def decide(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data: dict,

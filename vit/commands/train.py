@@ -239,13 +239,15 @@ class ViTCLI(LightningCLI):
             run = runs.run_of(Path(cfg.ckpt_path)) or runs.claim_new_version(root)
             self.resume = (Path(cfg.ckpt_path), ckpt)
         else:
-            if runs.ENV not in os.environ:  # (Lightning's launcher starts its processes once process 0 decided)
+            if not os.environ.get(runs.ENV):  # (Lightning's launcher starts its processes once process 0 decided)
                 import torch
 
                 cuda = str(cfg.trainer.accelerator) in ("auto", "gpu", "cuda") and torch.cuda.is_available()
-                if cuda:
+                given = getattr(getattr(cfg.trainer.strategy, "init_args", None), "process_group_backend", None)
+                backend = given or ("nccl" if cuda else "gloo")  # (as Lightning's DDP would choose)
+                if backend == "nccl":
                     gpus.nccl_errors_reach_python()  # (before the group is made)
-                launch.join_group(cuda, cfg.ddp_timeout + Watchdog.BACKSTOP)
+                launch.join_group(backend, cfg.ddp_timeout + Watchdog.BACKSTOP)
             run, self.resume = runs.open_for_fit(root, cfg.ckpt_path, cfg.run, vars(cfg.model.arch), data,
                                                  self.claimed)
             launch.apply_allocation(cfg.trainer)

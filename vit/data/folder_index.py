@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import secrets
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +145,3 @@ def index(root: Path, classes: list[str], path: Path | None, threads: int, say: 
         say(why)
     return FolderIndex(samples, bad, digest, built=True)
 
-
-def say_on_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)

@@ -105,7 +105,7 @@ class DataPosition:
         self.epochs = state.get("train_epochs", 0)
         self.resume_at = None  # (at an epoch's end the next iterator starts the next epoch; vit-train resumes no
         if state.get("epoch_end") is not True and "images" in state:  # checkpoint without images: check_fields)
-            self.resume_at = (state.get("epoch", 0), state["images"], state.get("skipped_images", 0))
+            self.resume_at = (state["epoch"], state["images"], state["skipped_images"])
 
 
 def check_global_batch(ckpt: dict, datamodule, accumulate: int, name: str | None = None) -> None:

@@ -330,6 +330,9 @@ FIELDS = {
     ("vit", "launch"): optional(text),
     ("vit", "wandb_run_id"): optional(text),
     ("global_step",): whole,
+    ("callbacks", "EpochSeed", "next_epoch"): whole,
+    ("callbacks", "Timer", "time_elapsed"): lambda value: isinstance(value, dict) and all(
+        text(k) and figure(v) for k, v in value.items()),  # (Lightning's Timer's, kept by StepEndTimer)
     # the data's position (vit.data.resume.DataPosition) and its split (CIFAR-10's split, an image folder's held_out)
     **{(DATA, key): whole for key in ("train_epochs", "epoch", "images", "skipped_images", "batch_images",
                                       "step_images", "train_images")},
@@ -339,6 +342,11 @@ FIELDS = {
     (DATA, "split", "seed"): integer,
     (DATA, "split", "images"): whole,
 }
+
+
+# fields written together: a checkpoint that has one of them has all (an earlier version wrote none of them)
+TOGETHER = {(DATA,): ("images", "epoch", "skipped_images"), ("callbacks", "RNGStates"): ("epoch", "batches", "states")}
+MISSING = type("Missing", (), {"__repr__": lambda self: "missing"})()
 
 
 def module_key(data: dict) -> str:
@@ -375,6 +383,13 @@ def check_fields(ckpt: dict, name, data_key: str, testing: bool = False) -> None
         else:
             if not fits(level):
                 bad[walked] = level
+    for path, keys in TOGETHER.items():
+        level = ckpt
+        for key in (data_key if step == DATA else step for step in path):
+            level = level.get(key) if isinstance(level, dict) else None
+        if isinstance(level, dict) and any(key in level for key in keys):
+            bad |= {(*(data_key if step == DATA else step for step in path), key): MISSING for key in keys
+                    if key not in level}
     if bad:
         what = ", ".join(f"{'.'.join(path)} {shown(value)}" for path, value in bad.items())
         then = "test another checkpoint" if testing else "resume from another checkpoint of the run, or start a new run"
