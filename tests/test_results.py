@@ -290,6 +290,16 @@ def test_a_checkpoint_field_not_as_written_is_refused_in_one_line_and_one_as_wri
         states = [{**rng, part: crafted}]  # (what torch, numpy (past its key at pos 625) or random would not set)
         assert refused("callbacks.RNGStates.states", states).startswith("x.ckpt: not as this program writes it "
                                                                         "(callbacks.RNGStates.states [{"), part
+    position = {k: v for k, v in written["ImageFolderDataModule"].items() if k not in ("epoch", "skipped_images")}
+    rng_alone = {"states": written["callbacks"]["RNGStates"]["states"]}
+    for where, part, missing in (("ImageFolderDataModule", position, "epoch missing, {}.skipped_images missing"),
+                                 ("callbacks.RNGStates", rng_alone, "epoch missing, {}.batches missing")):
+        *levels, key = where.split(".")
+        ckpt = copy.deepcopy(written)
+        (ckpt[levels[0]] if levels else ckpt)[key] = part
+        with pytest.raises(CheckpointError) as alone:  # (written together: one of them alone is not as written)
+            check_fields(ckpt, "x.ckpt", "ImageFolderDataModule")
+        assert str(alone.value) == f"x.ckpt: not as this program writes it ({where}.{missing.format(where)}): {then}"
     ckpt = {**written, "schedule": {"share": "x", "warmup_end_time": -1},
             "loops": {"fit_loop": {"epoch_loop.batch_progress": 5}}}
     with pytest.raises(CheckpointError) as every:

@@ -344,8 +344,9 @@ FIELDS = {
 }
 
 
-# fields written together: a checkpoint that has one of them has all (an earlier version wrote none of them)
-TOGETHER = {(DATA,): ("images", "epoch", "skipped_images"), ("callbacks", "RNGStates"): ("epoch", "batches", "states")}
+# fields written with another: a checkpoint that has the field has them too (the data's position in images came
+# with its epoch and skipped images; an earlier version's position in loader batches had an epoch alone)
+TOGETHER = {(DATA, "images"): ("epoch", "skipped_images"), ("callbacks", "RNGStates", "states"): ("epoch", "batches")}
 MISSING = type("Missing", (), {"__repr__": lambda self: "missing"})()
 
 
@@ -383,13 +384,12 @@ def check_fields(ckpt: dict, name, data_key: str, testing: bool = False) -> None
         else:
             if not fits(level):
                 bad[walked] = level
-    for path, keys in TOGETHER.items():
-        level = ckpt
-        for key in (data_key if step == DATA else step for step in path):
+    for (*path, field), keys in TOGETHER.items():
+        path, level = [data_key if step == DATA else step for step in path], ckpt
+        for key in path:
             level = level.get(key) if isinstance(level, dict) else None
-        if isinstance(level, dict) and any(key in level for key in keys):
-            bad |= {(*(data_key if step == DATA else step for step in path), key): MISSING for key in keys
-                    if key not in level}
+        if isinstance(level, dict) and field in level:
+            bad |= {(*path, key): MISSING for key in keys if key not in level}
     if bad:
         what = ", ".join(f"{'.'.join(path)} {shown(value)}" for path, value in bad.items())
         then = "test another checkpoint" if testing else "resume from another checkpoint of the run, or start a new run"
