@@ -125,7 +125,8 @@ def test_new_wandb_ids_read_back_from_config_yaml_as_strings(tmp_path):
 
 SRUN_TASK = {"SLURM_JOB_ID": "77", "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NODEID": "0",
              "SLURM_JOB_NAME": "train", "SLURM_NODELIST": "vm"}
-TORCHRUN = {"TORCHELASTIC_RUN_ID": "none", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "0", "RANK": "3", "WORLD_SIZE": "4",
+TORCHRUN = {"TORCHELASTIC_RUN_ID": "none", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "0", "RANK": "3", "LOCAL_RANK": "3",
+            "WORLD_SIZE": "4",
             "MASTER_ADDR": "host", "MASTER_PORT": "29500", "TORCHELASTIC_RESTART_COUNT": "2"}
 
 
@@ -136,7 +137,8 @@ TORCHRUN = {"TORCHELASTIC_RUN_ID": "none", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK"
     ({**SRUN_TASK, "SLURM_NTASKS": "1", "SLURM_PROCID": "0"}, None),  # one task: no group
     ({**SRUN_TASK, "SLURM_JOB_NAME": "interactive"}, None),  # srun in an interactive allocation: not a job's task
     ({**TORCHRUN, "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}, None),
-    ({"WORLD_SIZE": "2", "RANK": "1"}, "WORLD_SIZE is 2 but RANK, MASTER_ADDR or MASTER_PORT is not set"),
+    ({"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "host", "MASTER_PORT": "29500"},
+     "WORLD_SIZE is 2 but RANK, LOCAL_RANK, MASTER_ADDR or MASTER_PORT is not set"),  # (Lightning needs LOCAL_RANK)
 ])
 def test_the_processes_join_the_group_their_launcher_made_them_for(no_launcher, env, joined):
     """join_group: torchrun's processes (inside a SLURM job too, with its agent's store under a prefix per attempt)
@@ -152,13 +154,32 @@ def test_the_processes_join_the_group_their_launcher_made_them_for(no_launcher, 
     no_launcher.setattr(dist, "is_initialized", lambda: False)
     no_launcher.setattr(dist, "TCPStore", lambda host, port, **kwargs: host)
     no_launcher.setattr(dist, "PrefixStore", lambda prefix, store: prefix)
-    no_launcher.setattr(dist, "init_process_group", lambda backend, store=None, rank=None, world_size=None, **kwargs:
+    no_launcher.setattr(dist, "init_process_group", lambda backend, store=None, rank=None, world_size=None, timeout=None:
                         made.append((f"rank {rank} of {world_size}" if rank is not None else "env://",
-                                     store or os.environ["MASTER_ADDR"])))
-    no_launcher.setattr("atexit.register", lambda *args: None)
+                                     store or os.environ["MASTER_ADDR"], backend, timeout.total_seconds())))
+    at_exit = []
+    no_launcher.setattr("atexit.register", at_exit.append)
     if isinstance(joined, str):
         with pytest.raises(ConfigError, match=f"^{joined}: start the processes with torchrun or srun"):
             launch.join_group("gloo", 60)
         return
-    launch.join_group("gloo", 60)
-    assert made == ([joined] if joined else [])
+    launch.join_group("nccl", 60)
+    assert made == ([(*joined, "nccl", 60)] if joined else []) and len(at_exit) == len(made)  # (destroyed at exit)
+
+
+def test_torchrun_inside_a_slurm_job_is_torchruns_launch(no_launcher):
+    """torchrun's 4 processes in a SLURM job of 1 task are the run's (as Lightning's TorchElasticEnvironment has
+    it): the allocation is torchrun's, and SLURM's environment plugin, whose ranks are the tasks', is not given."""
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    from vit.cluster import launch
+
+    for key, value in {**SRUN_TASK, "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1", "SLURM_PROCID": "0",
+                       **TORCHRUN}.items():
+        no_launcher.setenv(key, value)
+    assert launch.allocation() == (4, 1)
+    plugins = launch.parallelism({"devices": 4, "num_nodes": 1}, 60)["plugins"]
+    assert not any(isinstance(plugin, SLURMEnvironment) for plugin in plugins)
+    no_launcher.delenv("TORCHELASTIC_RUN_ID")  # (SLURM's own task)
+    assert launch.allocation() == (1, 1)
+    assert any(isinstance(plugin, SLURMEnvironment) for plugin in launch.parallelism({}, 60)["plugins"])

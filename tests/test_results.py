@@ -293,7 +293,8 @@ def test_a_checkpoint_field_not_as_written_is_refused_in_one_line_and_one_as_wri
     position = {k: v for k, v in written["ImageFolderDataModule"].items() if k not in ("epoch", "skipped_images")}
     rng_alone = {"states": written["callbacks"]["RNGStates"]["states"]}
     for where, part, missing in (("ImageFolderDataModule", position, "epoch missing, {}.skipped_images missing"),
-                                 ("callbacks.RNGStates", rng_alone, "epoch missing, {}.batches missing")):
+                                 ("callbacks.RNGStates", rng_alone, "epoch missing, {}.batches missing"),
+                                 ("callbacks.RNGStates", {"epoch": 0}, "batches missing, {}.states missing")):
         *levels, key = where.split(".")
         ckpt = copy.deepcopy(written)
         (ckpt[levels[0]] if levels else ckpt)[key] = part

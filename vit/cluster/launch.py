@@ -148,11 +148,11 @@ def join_group(backend: str, timeout_seconds: float) -> None:
             store = dist.PrefixStore(f"vit/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", agent)
             dist.init_process_group(backend, store=store, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
                                     timeout=timeout)
-        elif all(key in env for key in ("RANK", "MASTER_ADDR", "MASTER_PORT")):
+        elif all(key in env for key in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")):
             dist.init_process_group(backend, timeout=timeout)  # (each torchrun attempt's rank 0 hosts a new store)
         else:
-            raise ConfigError(f"WORLD_SIZE is {env['WORLD_SIZE']} but RANK, MASTER_ADDR or MASTER_PORT is not set: "
-                              f"start the processes with torchrun or srun, or set all four")
+            raise ConfigError(f"WORLD_SIZE is {env['WORLD_SIZE']} but RANK, LOCAL_RANK, MASTER_ADDR or MASTER_PORT is "
+                              f"not set: start the processes with torchrun or srun")
     else:
         from lightning.pytorch.plugins.environments import SLURMEnvironment
 
@@ -197,7 +197,7 @@ def apply_allocation(trainer) -> None:
     trainer.devices, trainer.num_nodes = devices, nodes
     if devices * nodes > 1 and trainer.strategy == "auto":
         trainer.strategy = "ddp"
-    launcher = f"torchrun {os.environ['TORCHELASTIC_RUN_ID']}" if under_torchrun() else f"SLURM job {slurm_job()}"
+    launcher = (f"torchrun {torchrun_id() or '(no --rdzv-id)'}" if under_torchrun() else f"SLURM job {slurm_job()}")
     rank_zero_info(f"{launcher}: {devices} process(es) per node on {nodes} node(s)"
                    + (f" (the allocation's; the recipe's {' and '.join(overridden)} overridden)" if overridden else ""))
 
@@ -253,7 +253,7 @@ def from_process_zero(make: Callable[[], T], what: str) -> T:
         if rank == 0:
             try:
                 box[0] = make()
-            except BadInput as e:
+            except (BadInput, Stopped) as e:  # (a bad input, or SIGUSR1 before training: every process's)
                 box[0] = e
             except Exception as e:  # noqa: BLE001 - raised again below, once the others know it
                 failed, first = e, (str(e).splitlines() or [""])[0]
@@ -267,7 +267,7 @@ def from_process_zero(make: Callable[[], T], what: str) -> T:
             dist.destroy_process_group(group)
     if failed is not None:
         raise failed
-    if isinstance(box[0], (BadInput, LostProcesses)):
+    if isinstance(box[0], (BadInput, LostProcesses, Stopped)):
         raise box[0]
     return box[0]
 

@@ -258,6 +258,7 @@ def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict
     where Lightning's launcher starts them after process 0 decided (``ENV``, ``RESUMES``). A refusal of process
     0's is every process's."""
     from vit.cluster.launch import from_process_zero
+    from vit.models.checkpoints import module_key
 
     if os.environ.get(ENV):
         run, resume_from = Path(os.environ[ENV]), os.environ.get(RESUMES) or None
@@ -267,17 +268,17 @@ def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict
         def on_zero() -> tuple[Path, tuple[Path, dict] | None]:
             decided.append(decide(root, ckpt_path, name, arch, data, claimed))
             run, resume = decided[0]
-            return run, resume and (resume[0], without_weights(resume[1]))
+            return run, resume and (resume[0], what_the_others_read(resume[1], module_key(data)))
 
         run, resume = from_process_zero(on_zero, "run folder and the checkpoint it resumes from")
         return decided[0] if decided else (run, resume)
     return run, resume_from and (Path(resume_from), read_checkpoint(resume_from))
 
 
-def without_weights(ckpt: dict) -> dict:
-    """A checkpoint's contents but its weights and optimizer state: what the other processes need of it before
-    Lightning loads it on each of them (its data position, loops, clock and metadata), handed to them."""
-    return {key: value for key, value in ckpt.items() if key not in ("state_dict", "optimizer_states")}
+def what_the_others_read(ckpt: dict, data_key: str) -> dict:
+    """Of a checkpoint, what the other processes read before Lightning loads it on each of them (its metadata, the
+    data module's position, the loops), handed to them: no weights (a callback's averaged weights neither)."""
+    return {key: ckpt[key] for key in ("vit", "loops", "global_step", data_key) if key in ckpt}
 
 
 def decide(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data: dict,

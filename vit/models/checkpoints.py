@@ -346,7 +346,8 @@ FIELDS = {
 
 # fields written with another: a checkpoint that has the field has them too (the data's position in images came
 # with its epoch and skipped images; an earlier version's position in loader batches had an epoch alone)
-TOGETHER = {(DATA, "images"): ("epoch", "skipped_images"), ("callbacks", "RNGStates", "states"): ("epoch", "batches")}
+TOGETHER = {(DATA, "images"): ("epoch", "skipped_images"),
+            **{("callbacks", "RNGStates", key): ("epoch", "batches", "states") for key in ("epoch", "batches", "states")}}
 MISSING = type("Missing", (), {"__repr__": lambda self: "missing"})()
 
 
