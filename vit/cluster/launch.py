@@ -122,8 +122,8 @@ def allocated_gpus() -> str | None:
 
 
 def join_group(backend: str, timeout_seconds: float) -> None:
-    """Where a launcher started the processes (torchrun, SLURM, or any that sets RANK, WORLD_SIZE, MASTER_ADDR and
-    MASTER_PORT), make the default process group here, as Lightning would make it, before the run's folder and
+    """Where a launcher started the processes (torchrun, SLURM, or any that sets RANK, LOCAL_RANK, WORLD_SIZE,
+    MASTER_ADDR and MASTER_PORT), make the default process group here, as Lightning would make it, before the run's folder and
     checkpoint are decided: process 0 decides them and hands them to the others through it
     (vit.cluster.runs.open_for_fit). Lightning then uses the group it finds. A WORLD_SIZE over 1 with no way to
     reach the others is refused in one line.

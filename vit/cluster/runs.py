@@ -290,8 +290,8 @@ def decide(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data
     validation split with the command line's ``data`` (vit.models.checkpoints.check_split), before any work; a
     requeued or restarted launch (its attempt past 0) continues from its own run folder's newest checkpoint,
     whatever ``ckpt_path`` file its first attempt started from; a folder this call created is appended to
-    ``claimed`` (removed again if the run never starts). Says which in one line. It then deletes the drafts of saves killed in an earlier attempt
-    (vit.cluster.checkpoint_io): process 0 alone writes checkpoints (Lightning saves on the global rank zero
+    ``claimed`` (removed again if the run never starts). Says which in one line. It then deletes the drafts of
+    saves killed in an earlier attempt (vit.cluster.checkpoint_io): process 0 alone writes checkpoints (Lightning saves on the global rank zero
     only), no training of this run has begun, and no other launch trains in the folder: no draft is a live
     save's."""
     from lightning.pytorch.utilities import rank_zero_info
