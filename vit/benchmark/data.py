@@ -25,7 +25,7 @@ def _images_per_second(batches, device, limit: int) -> float:
 
 
 def bench_data(device: torch.device, batch_size: int, workers: int, n: int) -> dict:
-    """Random crop (reflect pad 4) + flip + normalise, images/s: our device path, our worker path
+    """Random crop (reflect pad 4) + flip + normalise, images/s: vit's device path, vit's DataLoader workers
     (uint8 torchvision.transforms.v2), and torchvision's CIFAR10 + PIL transforms, same workers."""
     import tempfile
     from pathlib import Path

@@ -254,7 +254,7 @@ def _bench_rows(r: dict) -> list[list[str]]:
         rows.append(["data path: crop + flip + normalise (img/s)", f"{n(d['img_s_ours_device'])} (device path)",
                      f"{n(d['img_s_torchvision'])} (torchvision + PIL, DataLoader)",
                      f"**{d['ratio_device_vs_torchvision']:.1f}**", "≥ 5"])
-        rows.append(["data path, our worker path (img/s)", n(d["img_s_ours_workers"]), n(d["img_s_torchvision"]),
+        rows.append(["data path: vit's DataLoader workers (img/s)", n(d["img_s_ours_workers"]), n(d["img_s_torchvision"]),
                      f"{d['ratio_workers_vs_torchvision']:.2f}", "—"])
     for s in r.get("step", []):
         mfu = f", MFU {100 * s['mfu']:.1f} %" if s.get("mfu") else ""
