@@ -183,3 +183,21 @@ def test_torchrun_inside_a_slurm_job_is_torchruns_launch(no_launcher):
     no_launcher.delenv("TORCHELASTIC_RUN_ID")  # (SLURM's own task)
     assert launch.allocation() == (1, 1)
     assert any(isinstance(plugin, SLURMEnvironment) for plugin in launch.parallelism({}, 60)["plugins"])
+
+
+@pytest.mark.parametrize("env", [SLURM_JOB, {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"},
+                                 {"TORCHELASTIC_RUN_ID": "t", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0",
+                                  "WORLD_SIZE": "2"}])
+def test_a_test_under_a_launcher_of_several_processes_is_refused_before_any_folder(env, no_launcher, tmp_path,
+                                                                                    capsys):
+    """Each process would test the checkpoint and write its record on its own: one line, exit 2, no folder."""
+    from vit.commands.train import main
+
+    for key, value in env.items():
+        no_launcher.setenv(key, value)
+    no_launcher.chdir(tmp_path)
+    code = main(["test", "--ckpt_path", str(tmp_path / "none.ckpt"), "--trainer.logger", "false",
+                 "--trainer.accelerator", "cpu", "--data.root", str(tmp_path / "data")])
+    assert code == 2 and list(tmp_path.iterdir()) == []
+    assert f"test evaluates on one process, and this launch started {launch.processes()}" in capsys.readouterr().err
+    assert launch.processes() in (2, 4)

@@ -218,15 +218,11 @@ def test_the_probe_trusts_the_ca_bundle_wandb_would_use(tmp_path, monkeypatch, n
                                    "No such file or directory)"
 
 
-@pytest.mark.parametrize("wandb_reader", [True, False])
-def test_netrc_credentials_of_a_self_hosted_server_are_found_as_wandb_finds_them(tmp_path, monkeypatch, wandb_reader):
-    """`wandb login --host URL` keeps the key in the netrc file under the server's host:port (an older wandb,
-    without its own reader, under the host name, read with requests' reader): the key of WANDB_BASE_URL's
-    server counts, W&B's own server's entry does not count for it."""
+def test_netrc_credentials_of_a_self_hosted_server_are_found_as_wandb_finds_them(tmp_path, monkeypatch):
+    """`wandb login --host URL` keeps the key in the netrc file under the server's host:port: the key of
+    WANDB_BASE_URL's server counts, W&B's own server's entry does not count for it."""
     from vit.training.loggers import wandb_credentials_present
 
-    if not wandb_reader:
-        monkeypatch.setitem(sys.modules, "wandb.sdk.lib.wbauth", None)  # (importing it raises ImportError)
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path))  # (no settings file of wandb's: its default server)
     monkeypatch.chdir(tmp_path)
     for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
@@ -237,12 +233,10 @@ def test_netrc_credentials_of_a_self_hosted_server_are_found_as_wandb_finds_them
     monkeypatch.setenv("NETRC", str(netrc))
     monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.org:8443")
     assert not wandb_credentials_present()
-    host = "wandb.example.org:8443" if wandb_reader else "wandb.example.org"
-    netrc.write_text(netrc.read_text() + f"machine {host}\n  login user\n  password " + "b" * 40 + "\n")
+    netrc.write_text(netrc.read_text() + "machine wandb.example.org:8443\n  login user\n  password " + "b" * 40 + "\n")
     assert wandb_credentials_present()
     monkeypatch.delenv("WANDB_BASE_URL")
-    if wandb_reader:  # (the older reader is asked here with this wandb's default URL, not an older one's)
-        assert wandb_credentials_present()  # api.wandb.ai's entry, for W&B's own server behind wandb's default URL
+    assert wandb_credentials_present()  # api.wandb.ai's entry, for W&B's own server behind wandb's default URL
     monkeypatch.setenv("NETRC", str(tmp_path / "none"))
     assert not wandb_credentials_present()
     monkeypatch.setenv("WANDB_API_KEY", "c" * 40)

@@ -110,6 +110,12 @@ def allocation() -> tuple[int, int] | None:
     return None
 
 
+def processes() -> int:
+    """How many processes the launcher started for this run (1 without a launcher)."""
+    allocated = allocation()
+    return allocated[0] * allocated[1] if allocated else int(os.environ.get("WORLD_SIZE") or 1)
+
+
 def allocated_gpus() -> str | None:
     """The GPUs this process was given, as the variable that says so (``CUDA_VISIBLE_DEVICES=0,1``, SLURM's
     gres), or None when none was."""

@@ -305,11 +305,8 @@ def decide(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data
         rank_zero_info(f"attempt {attempt()} of this launch: it continues from its run folder's newest checkpoint, "
                        f"which it wrote; --ckpt_path {ckpt_path} is where its first attempt started")
         ckpt_path = "last"
-    given = read_checkpoint(ckpt_path) if ckpt_path not in (None, "last") else None
-    if given is not None:
-        check_fits(given, arch, ckpt_path)
-        check_fields(given, ckpt_path, module_key(data))
-        check_split(given, data, ckpt_path)
+    resume_from = Path(ckpt_path) if ckpt_path not in (None, "last") else None
+    ckpt = resume_from and read_checkpoint(resume_from)  # (a file that does not read: refused before a folder)
     existed = set(root.iterdir()) if root.is_dir() else set()
     run, note, found = resolve(root, ckpt_path, name)
     taken = run_lock.take(run)
@@ -317,20 +314,17 @@ def decide(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data
         rank_zero_info(taken)
     if run not in existed:
         claimed.append(run)
-    resume_from, ckpt = (Path(ckpt_path), given) if ckpt_path not in (None, "last") else (None, None)
     if ckpt_path == "last":
         resume_from, ckpt, skipped = newest_readable(run) or (None, None, "")
         if resume_from is not None:
             note = f"resuming {run}{found} from its {resume_from.name}{skipped}"
-    resume = None
     if resume_from is not None:
-        check_fits(ckpt, arch, ckpt_path)
+        check_fits(ckpt, arch, resume_from)
         check_fields(ckpt, resume_from, module_key(data))
         check_split(ckpt, data, resume_from)
-        resume = (resume_from, ckpt)
     rank_zero_info(note or f"run folder: {run}")
     if drafts := remove_drafts(run / CHECKPOINTS):
         rank_zero_info(f"removed {len(drafts)} draft(s) of checkpoint saves that were killed "
                        f"({sum(size for _, size in drafts) / 1e6:.1f} MB) from {run / CHECKPOINTS}: "
                        f"{', '.join(name for name, _ in drafts)}")
-    return run, resume
+    return run, resume_from and (resume_from, ckpt)

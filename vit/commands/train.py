@@ -230,6 +230,9 @@ class ViTCLI(LightningCLI):
         if self.mode == "test":
             if not cfg.ckpt_path or cfg.ckpt_path == "last":
                 raise ConfigError("test needs --ckpt_path CKPT, the checkpoint file to evaluate")
+            if launch.processes() > 1:  # (each would test, and write the record, on its own)
+                raise ConfigError(f"test evaluates on one process, and this launch started {launch.processes()}: "
+                                  f"start it as one (srun --ntasks 1, torchrun --nproc-per-node 1 --nnodes 1)")
             ckpt = read_checkpoint(cfg.ckpt_path)
             refuse_removed(ckpt, cfg.ckpt_path, resume=False)
             check_fields(ckpt, cfg.ckpt_path, module_key(data), testing=True)

@@ -10,10 +10,9 @@ import time
 import lightning as L
 import torch
 from lightning.pytorch.cli import SaveConfigCallback
-from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
-from vit.models.checkpoints import CLOCK, clock_state
+from vit.models.checkpoints import CLOCK
 from vit.training.guards import wall_seconds
 from vit.training.commits import code, code_of
 from vit.training.loggers import wandb_logger
@@ -129,12 +128,6 @@ class TrainingClock(L.Callback):
     def state_key(self) -> str:
         return CLOCK  # (Lightning's default, the class's name: where checkpoints keep it)
 
-    @staticmethod
-    def of(checkpoint: dict) -> dict:
-        """The clock's state in a checkpoint ({} for one written without it)."""
-        state = clock_state(checkpoint)
-        return state if isinstance(state, dict) else {}
-
 
 class TimeToAccuracy(L.Callback):
     """Log the training time at which ``val/acc`` first reaches each threshold, as ``time_to/val_acc_<threshold>``:
@@ -173,10 +166,6 @@ class TimeToAccuracy(L.Callback):
             pl_module.log_dict({f"time_to/wall_val_acc_{t:.2f}": s for t, s in self.reached_wall.items()})
 
 
-def _wandb(trainer) -> WandbLogger | None:
-    return wandb_logger(trainer.loggers)
-
-
 class WandbSamplePredictions(L.Callback):
     """At the end of each validation, log a table of sample images with label, prediction, confidence."""
 
@@ -185,12 +174,12 @@ class WandbSamplePredictions(L.Callback):
         self._batch = None
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
-        if batch_idx == 0 and trainer.is_global_zero and _wandb(trainer):
+        if batch_idx == 0 and trainer.is_global_zero and wandb_logger(trainer.loggers):
             n = self.num_samples
             self._batch = (batch[0][:n].cpu(), batch[1][:n].cpu(), outputs[:n].float().softmax(-1).cpu())
 
     def on_validation_epoch_end(self, trainer, pl_module):
-        logger = _wandb(trainer)
+        logger = wandb_logger(trainer.loggers)
         if trainer.sanity_checking or self._batch is None or logger is None:
             return
         import wandb
@@ -212,7 +201,7 @@ class WandbRollout(L.Callback):
         self.num_images, self.every_n_epochs = num_images, every_n_epochs
 
     def on_validation_epoch_end(self, trainer, pl_module):
-        logger = _wandb(trainer)
+        logger = wandb_logger(trainer.loggers)
         if (trainer.sanity_checking or not trainer.is_global_zero or logger is None
                 or trainer.current_epoch % self.every_n_epochs):
             return
@@ -287,7 +276,7 @@ class LogConfig(SaveConfigCallback):
     model, data) in the W&B run's config."""
 
     def save_config(self, trainer, pl_module, stage) -> None:
-        wandb = _wandb(trainer)
+        wandb = wandb_logger(trainer.loggers)
         if wandb is not None:
             import yaml
 

@@ -46,11 +46,9 @@ def wandb_base_url() -> str:
         import wandb
 
         settings = wandb.Settings(silent=True)
-        if hasattr(settings, "update_from_system_settings"):  # (wandb's reader of its settings files; older
-            # wandb has none, and a run there checks its default server)
-            settings.settings_system = str(Path(os.environ.get("WANDB_CONFIG_DIR") or "~/.config/wandb").expanduser()
-                                           / "settings")
-            settings.update_from_system_settings()
+        settings.settings_system = str(Path(os.environ.get("WANDB_CONFIG_DIR") or "~/.config/wandb").expanduser()
+                                       / "settings")
+        settings.update_from_system_settings()
         url = settings.base_url
     return url.rstrip("/")
 
@@ -82,17 +80,11 @@ def wandb_credentials_present() -> bool:
     the server's entry in the netrc file (NETRC, else ~/.netrc), where `wandb login [--host URL]` writes it."""
     if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return True
-    url = wandb_base_url()
-    try:
-        from wandb.sdk.lib.wbauth import read_netrc_auth
-    except ImportError:  # an older wandb, which read the netrc file with requests' reader
-        from requests.utils import get_netrc_auth
-
-        return bool(get_netrc_auth(url))
     from wandb.errors import AuthenticationError
+    from wandb.sdk.lib.wbauth import read_netrc_auth  # (private: vit.private_api)
 
     try:
-        return bool(read_netrc_auth(host=url))
+        return bool(read_netrc_auth(host=wandb_base_url()))
     except (AuthenticationError, ValueError):  # a malformed key or URL: wandb could not log in with it either
         return False
 

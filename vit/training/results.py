@@ -196,6 +196,7 @@ def record_run(trainer, module, mode: str, argv: list[str], ckpt: str | None, me
 
     from vit import configs
     from vit.training import guards
+    from vit.models.checkpoints import clock_state
     from vit.training.callbacks import TimeToAccuracy, TrainingClock
     from vit.training.loggers import wandb_logger
 
@@ -204,7 +205,7 @@ def record_run(trainer, module, mode: str, argv: list[str], ckpt: str | None, me
         clock = next(cb for cb in trainer.callbacks if isinstance(cb, TrainingClock)).state_dict()
         recipe = configs.recipe_name(argv)
     else:
-        clock = TrainingClock.of(tested_checkpoint)
+        clock = clock_state(tested_checkpoint) or {}  # (a dict, or none: check_fields)
         recipe = Path(configs.named_recipes(argv)[-1]).stem if configs.named_recipes(argv) else run.parent.name
     best = module.val_acc_best.max_value  # restored with the tested checkpoint's state
     timer = next((cb for cb in trainer.callbacks if isinstance(cb, TimeToAccuracy)), None)
