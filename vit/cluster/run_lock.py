@@ -101,17 +101,6 @@ def live(holder: dict, locked: bool | None, stale: float = STALE_SECONDS) -> boo
     return unseen and age is not None and age < stale
 
 
-def _state(fd: int) -> tuple[dict, bool | None]:
-    """(the lock file's record, whether some process holds its lock: None where the file system does not say)."""
-    try:
-        locked = _locked(fd)
-    except OSError as e:
-        if e.errno not in UNSUPPORTED:
-            raise
-        locked = None
-    return _read(fd), locked
-
-
 def take(run: Path, heartbeat: float = HEARTBEAT_SECONDS) -> str | None:
     """Hold ``run``'s lock until ``release`` or this process ends, rewriting the heartbeat every ``heartbeat``
     seconds; RunError naming the holder when another launch holds it (``live``: its lock, or where no lock can be
@@ -205,7 +194,11 @@ def holder(run: Path, stale: float = STALE_SECONDS) -> dict | None:
         return None
     fd = os.open(path, os.O_RDONLY)
     try:
-        named, locked = _state(fd)
+        named, locked = _read(fd), _locked(fd)
+    except OSError as e:
+        if e.errno not in UNSUPPORTED:
+            raise
+        named, locked = _read(fd), None  # (the file system does not say whether a process holds the lock)
     finally:
         os.close(fd)  # (this process holds no lock on the file)
     return named if live(named, locked, stale) else None

@@ -284,16 +284,11 @@ def what_the_others_read(ckpt: dict, data_key: str) -> dict:
 def decide(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data: dict,
            claimed: list[Path]) -> tuple[Path, tuple[Path, dict] | None]:
     """Process 0's decision (``open_for_fit``): the run folder (``resolve``), held for this launch
-    (vit.cluster.run_lock: a folder another launch holds ends the start with one line naming it, before
-    anything there is read), and the checkpoint it resumes from with its contents, checked to fit the command
-    line's ``arch``, to be as this program writes it (vit.models.checkpoints.check_fields) and to keep its
-    validation split with the command line's ``data`` (vit.models.checkpoints.check_split), before any work; a
-    requeued or restarted launch (its attempt past 0) continues from its own run folder's newest checkpoint,
-    whatever ``ckpt_path`` file its first attempt started from; a folder this call created is appended to
-    ``claimed`` (removed again if the run never starts). Says which in one line. It then deletes the drafts of
-    saves killed in an earlier attempt (vit.cluster.checkpoint_io): process 0 alone writes checkpoints (Lightning saves on the global rank zero
-    only), no training of this run has begun, and no other launch trains in the folder: no draft is a live
-    save's."""
+    (vit.cluster.run_lock), and the checkpoint it resumes from with its contents, checked (it fits ``arch``, its
+    fields are as written, its split is the command line's ``data``'s) before any work. A requeued or restarted
+    launch (attempt past 0) continues from its own folder's newest checkpoint, whatever ``ckpt_path`` its first
+    attempt started from. A folder this call created is appended to ``claimed``. Then the drafts of saves killed
+    in an earlier attempt are deleted: no other launch trains here and this one has not begun."""
     from lightning.pytorch.utilities import rank_zero_info
 
     from vit.cluster import run_lock
