@@ -111,9 +111,11 @@ def allocation() -> tuple[int, int] | None:
 
 
 def processes() -> int:
-    """How many processes the launcher started for this run (1 without a launcher)."""
-    allocated = allocation()
-    return allocated[0] * allocated[1] if allocated else int(os.environ.get("WORLD_SIZE") or 1)
+    """How many processes run this command together, as the launcher says (1 without one): WORLD_SIZE (torchrun,
+    any launcher), srun's tasks of this step (in an interactive allocation too), a SLURM batch job's tasks."""
+    env = os.environ
+    said = [env.get("WORLD_SIZE"), env.get("SLURM_STEP_NUM_TASKS"), slurm_job() and env.get("SLURM_NTASKS")]
+    return max([int(n) for n in said if n and n.isdigit()], default=1)
 
 
 def allocated_gpus() -> str | None:

@@ -293,15 +293,17 @@ def decide(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data
 
     from vit.cluster import run_lock
     from vit.cluster.checkpoint_io import remove_drafts
-    from vit.models.checkpoints import check_fields, check_fits, check_split, module_key
+    from vit.models.checkpoints import check_checkpoint
 
     fixed = name or launch_name()
     if ckpt_path not in (None, "last") and attempt() != "0" and fixed and own_newest(root / fixed):
         rank_zero_info(f"attempt {attempt()} of this launch: it continues from its run folder's newest checkpoint, "
                        f"which it wrote; --ckpt_path {ckpt_path} is where its first attempt started")
         ckpt_path = "last"
-    resume_from = Path(ckpt_path) if ckpt_path not in (None, "last") else None
-    ckpt = resume_from and read_checkpoint(resume_from)  # (a file that does not read: refused before a folder)
+    resume = None
+    if ckpt_path not in (None, "last"):  # (a file: checked before any folder is named, taken or made)
+        resume = (Path(ckpt_path), read_checkpoint(ckpt_path))
+        check_checkpoint(resume[1], ckpt_path, data, arch)
     existed = set(root.iterdir()) if root.is_dir() else set()
     run, note, found = resolve(root, ckpt_path, name)
     taken = run_lock.take(run)
@@ -309,17 +311,13 @@ def decide(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data
         rank_zero_info(taken)
     if run not in existed:
         claimed.append(run)
-    if ckpt_path == "last":
-        resume_from, ckpt, skipped = newest_readable(run) or (None, None, "")
-        if resume_from is not None:
-            note = f"resuming {run}{found} from its {resume_from.name}{skipped}"
-    if resume_from is not None:
-        check_fits(ckpt, arch, resume_from)
-        check_fields(ckpt, resume_from, module_key(data))
-        check_split(ckpt, data, resume_from)
+    if ckpt_path == "last" and (newest := newest_readable(run)):
+        resume_from, ckpt, skipped = newest
+        check_checkpoint(ckpt, resume_from, data, arch)
+        resume, note = (resume_from, ckpt), f"resuming {run}{found} from its {resume_from.name}{skipped}"
     rank_zero_info(note or f"run folder: {run}")
     if drafts := remove_drafts(run / CHECKPOINTS):
         rank_zero_info(f"removed {len(drafts)} draft(s) of checkpoint saves that were killed "
                        f"({sum(size for _, size in drafts) / 1e6:.1f} MB) from {run / CHECKPOINTS}: "
                        f"{', '.join(name for name, _ in drafts)}")
-    return run, resume_from and (resume_from, ckpt)
+    return run, resume

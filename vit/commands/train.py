@@ -35,8 +35,7 @@ from vit.training import commits, loggers, results
 from vit.training.callbacks import LogConfig, run_callbacks
 from vit.training.guards import StopAfterMinutes, Watchdog
 from vit.training.progress import ProgressBar
-from vit.models.checkpoints import (check_fields, check_split, module_key, old_option, read_checkpoint,
-                                    refuse_removed)
+from vit.models.checkpoints import check_checkpoint, old_option, read_checkpoint
 from vit.data.datamodules import split_batch
 from vit.exits import ConfigError, Stopped
 from vit.training.loggers import quiet_lightning
@@ -231,12 +230,10 @@ class ViTCLI(LightningCLI):
             if not cfg.ckpt_path or cfg.ckpt_path == "last":
                 raise ConfigError("test needs --ckpt_path CKPT, the checkpoint file to evaluate")
             if launch.processes() > 1:  # (each would test, and write the record, on its own)
-                raise ConfigError(f"test evaluates on one process, and this launch started {launch.processes()}: "
+                raise ConfigError(f"test evaluates on one process, and this launch has {launch.processes()}: "
                                   f"start it as one (srun --ntasks 1, torchrun --nproc-per-node 1 --nnodes 1)")
             ckpt = read_checkpoint(cfg.ckpt_path)
-            refuse_removed(ckpt, cfg.ckpt_path, resume=False)
-            check_fields(ckpt, cfg.ckpt_path, module_key(data), testing=True)
-            check_split(ckpt, data, cfg.ckpt_path, testing=True)
+            check_checkpoint(ckpt, cfg.ckpt_path, data)
             hparams = {k: v for k, v in ckpt.get("hyper_parameters", {}).items() if not k.startswith("_")}
             self.config = cfg = self.parser.parse_object({"model": hparams}, cfg)  # the checkpoint's model
             run = runs.run_of(Path(cfg.ckpt_path)) or runs.claim_new_version(root)

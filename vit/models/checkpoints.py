@@ -141,8 +141,10 @@ def upgrade(hparams: dict) -> dict:
 def refuse_removed(ckpt: dict, name: str | None, resume: bool) -> None:
     """A checkpoint written with an option that left and changed what a resumed run (``resume``) or a test
     would do: one line naming it, instead of a run that silently does otherwise."""
-    removed = ckpt.get("hyper_parameters", {}).get("_removed", {})
-    changed = [(k, v) for k, v in removed.items() if resume or k == "tta_flip"]  # (a test does no update)
+    hparams = ckpt.get("hyper_parameters")
+    removed = hparams.get("_removed") if isinstance(hparams, dict) else None  # (another: check_fields names it)
+    changed = [(k, v) for k, v in removed.items() if k in REMOVED and (resume or k == "tta_flip")] \
+        if isinstance(removed, dict) else []  # (a test does no update)
     if changed:
         said = "; ".join(f"--model.{k} {str(v).lower() if isinstance(v, bool) else v}, which this version no longer "
                          f"has: {REMOVED[k].changed}" for k, v in changed)
@@ -152,9 +154,8 @@ def refuse_removed(ckpt: dict, name: str | None, resume: bool) -> None:
 
 
 def check_fits(ckpt: dict, arch: dict, name: str | None) -> None:
-    """A checkpoint to resume whose model does not fit the command line's ``arch``, or that was written with an
-    option that left and changed training (``refuse_removed``): one line naming the differences."""
-    refuse_removed(ckpt, name, resume=True)
+    """A checkpoint to resume whose model does not fit the command line's ``arch``: one line naming the
+    differences."""
     theirs = ckpt.get("hyper_parameters", {}).get("arch", {})
     diff = [f"{k}: checkpoint {theirs[k]!r}, command line {arch[k]!r}" for k in arch
             if k in theirs and k != "num_classes" and theirs[k] != arch[k]]
@@ -330,6 +331,8 @@ FIELDS = {
     ("vit", "launch"): optional(text),
     ("vit", "wandb_run_id"): optional(text),
     ("global_step",): whole,
+    ("hyper_parameters", "arch"): lambda value: isinstance(value, dict),
+    ("hyper_parameters", "_removed"): lambda value: isinstance(value, dict) and set(value) <= set(REMOVED),
     ("callbacks", "EpochSeed", "next_epoch"): whole,
     ("callbacks", "Timer", "time_elapsed"): lambda value: isinstance(value, dict) and all(
         text(k) and figure(v) for k, v in value.items()),  # (Lightning's Timer's, kept by StepEndTimer)
@@ -395,6 +398,19 @@ def check_fields(ckpt: dict, name, data_key: str, testing: bool = False) -> None
         what = ", ".join(f"{'.'.join(path)} {shown(value)}" for path, value in bad.items())
         then = "test another checkpoint" if testing else "resume from another checkpoint of the run, or start a new run"
         raise CheckpointError(f"{name}: not as this program writes it ({what}): {then}")
+
+
+def check_checkpoint(ckpt: dict, name, data: dict, arch: dict | None = None) -> None:
+    """What vit-train reads of a checkpoint, checked before any work: its fields are as this program writes them
+    (``check_fields``), it was not written with an option that left and changed what it would do
+    (``refuse_removed``), its model fits the command line's ``arch`` (``check_fits``) and its split the command
+    line's ``data`` (``check_split``). ``arch`` None: a checkpoint to test, not to resume."""
+    testing = arch is None
+    refuse_removed(ckpt, name, resume=not testing)  # (before check_fields: the line that says how to go on)
+    check_fields(ckpt, name, module_key(data), testing)
+    if not testing:
+        check_fits(ckpt, arch, name)
+    check_split(ckpt, data, name, testing)
 
 
 def held_out_count(val_size: int | float, images: int) -> int:
