@@ -113,3 +113,30 @@ def test_an_option_that_left_and_changed_training_or_evaluation_is_refused_there
     names = load_classifier(crafted).class_names
     assert probabilities(json.loads(proc.stdout)[0]["predictions"], names) == pytest.approx(BEFORE["probabilities"],
                                                                                           abs=1e-4)
+
+
+def test_crafted_model_options_are_one_line_wherever_a_checkpoint_is_read(tmp_path, capsys):
+    """The model's options as Lightning saves them are named, plain values: a tensor or a key that is not text is
+    refused where the file is read; flat options beside a crafted group or removed entry upgrade without a
+    traceback, and what is left is refused in one line by the test and the resume alike."""
+    from vit.exits import CheckpointError
+    from vit.models.checkpoints import read_checkpoint, upgrade
+
+    old = load(OLD)
+    for crafted in ({**old["hyper_parameters"], "arch": {"dim": torch.tensor([64, 1])}}, {1: 2}, [1]):
+        torch.save({**old, "hyper_parameters": crafted}, tmp_path / "crafted.ckpt")
+        with pytest.raises(CheckpointError, match="not as this program writes it \\(hyper_parameters: not the model's"):
+            read_checkpoint(tmp_path / "crafted.ckpt")
+    assert upgrade({"schedule": 3, "warmup_epochs": 1}) == {"schedule": {"warmup_epochs": 1}}
+    assert upgrade({"_removed": 5, "decay": "linear"}) == {"_removed": {"decay": "linear"}}
+    assert upgrade({"schedule": {"min_lr": 0.1}, "warmup_epochs": 1}) == {"schedule": {"warmup_epochs": 1, "min_lr": 0.1}}
+    torch.save({**old, "hyper_parameters": {**old["hyper_parameters"], "_removed": {"pos_init": "x"}}},
+               tmp_path / "removed.ckpt")
+    assert train_here(tmp_path, None, "test", "--ckpt_path", str(tmp_path / "removed.ckpt"), *data_args(tmp_path)) == 2
+    (error,) = errors_of(capsys)
+    assert error == f"error: {tmp_path / 'removed.ckpt'}: not as this program writes it (hyper_parameters._removed " \
+                    "{'pos_init': 'x'}): test another checkpoint"
+    torch.save({**old, "hyper_parameters": {**old["hyper_parameters"], "arch": {"dim": "x"}}}, tmp_path / "dim.ckpt")
+    assert train_here(tmp_path, None, "test", "--ckpt_path", str(tmp_path / "dim.ckpt"), *data_args(tmp_path)) == 2
+    (error,) = errors_of(capsys)
+    assert error.startswith(f"error: {tmp_path / 'dim.ckpt'}: its model's options are not this version's (")

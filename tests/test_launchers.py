@@ -190,7 +190,8 @@ def test_torchrun_inside_a_slurm_job_is_torchruns_launch(no_launcher):
     ({"TORCHELASTIC_RUN_ID": "t", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0", "WORLD_SIZE": "2"}, 2),
     ({**SLURM_JOB, "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_JOB_NUM_NODES": "4"}, 2),  # srun -n 2 of 4 nodes
     ({"SLURM_JOB_NAME": "interactive", "SLURM_NTASKS": "3", "SLURM_STEP_NUM_TASKS": "3"}, 3),  # srun -n 3 in salloc
-    ({**SLURM_JOB, "SLURM_NTASKS": "1", "SLURM_JOB_NUM_NODES": "1"}, 1), ({"WORLD_SIZE": "1"}, 1), ({}, 1)])
+    ({**SLURM_JOB, "SLURM_NTASKS": "1", "SLURM_JOB_NUM_NODES": "1"}, 1), ({"WORLD_SIZE": "1"}, 1), ({}, 1),
+    ({**SLURM_JOB, "TORCHELASTIC_RUN_ID": "t", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0", "WORLD_SIZE": "1"}, 1)])
 def test_a_test_under_a_launcher_of_several_processes_is_refused_before_any_folder(env, count, no_launcher, tmp_path,
                                                                                     capsys):
     """Each process would test the checkpoint and write its record on its own: one line, exit 2, no folder;

@@ -111,10 +111,12 @@ def allocation() -> tuple[int, int] | None:
 
 
 def processes() -> int:
-    """How many processes run this command together, as the launcher says (1 without one): WORLD_SIZE (torchrun,
-    any launcher), srun's tasks of this step (in an interactive allocation too), a SLURM batch job's tasks."""
+    """How many processes run this command together, as the launcher says (1 without one): torchrun's WORLD_SIZE
+    (inside a SLURM job too); else any launcher's, srun's tasks of this step (in an interactive allocation too),
+    or a SLURM batch job's tasks."""
     env = os.environ
-    said = [env.get("WORLD_SIZE"), env.get("SLURM_STEP_NUM_TASKS"), slurm_job() and env.get("SLURM_NTASKS")]
+    said = [env.get("WORLD_SIZE")] if under_torchrun() else \
+        [env.get("WORLD_SIZE"), env.get("SLURM_STEP_NUM_TASKS"), slurm_job() and env.get("SLURM_NTASKS")]
     return max([int(n) for n in said if n and n.isdigit()], default=1)
 
 

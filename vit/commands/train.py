@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 import lightning as L
-from jsonargparse import ActionConfigFile, DefaultHelpFormatter, get_loader, set_loader
+from jsonargparse import ActionConfigFile, ArgumentError, DefaultHelpFormatter, get_loader, set_loader
 from jsonargparse.typing import PositiveFloat, PositiveInt
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.environments import LightningEnvironment
@@ -35,9 +35,9 @@ from vit.training import commits, loggers, results
 from vit.training.callbacks import LogConfig, run_callbacks
 from vit.training.guards import StopAfterMinutes, Watchdog
 from vit.training.progress import ProgressBar
-from vit.models.checkpoints import check_checkpoint, old_option, read_checkpoint
+from vit.models.checkpoints import check_checkpoint, old_option, plain, read_checkpoint
 from vit.data.datamodules import split_batch
-from vit.exits import ConfigError, Stopped
+from vit.exits import CheckpointError, ConfigError, Stopped
 from vit.training.loggers import quiet_lightning
 from vit.training.module import ViTClassifier
 from vit.data.resume import StepEndTimer, check_global_batch, check_validation_interval
@@ -93,15 +93,6 @@ def read_value(text: str):
     if value is None or isinstance(value, (list, tuple, dict)) and plain(value):
         return as_yaml_types(value)
     return get_loader("yaml")(text)
-
-
-def plain(value) -> bool:
-    """Made of what YAML has too: None, bools, numbers, strings, lists, tuples and dicts of them."""
-    if isinstance(value, (list, tuple)):
-        return all(plain(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, (str, int, float, bool)) and plain(v) for k, v in value.items())
-    return value is None or isinstance(value, (bool, int, float, str))
 
 
 def as_yaml_types(value):
@@ -235,7 +226,11 @@ class ViTCLI(LightningCLI):
             ckpt = read_checkpoint(cfg.ckpt_path)
             check_checkpoint(ckpt, cfg.ckpt_path, data)
             hparams = {k: v for k, v in ckpt.get("hyper_parameters", {}).items() if not k.startswith("_")}
-            self.config = cfg = self.parser.parse_object({"model": hparams}, cfg)  # the checkpoint's model
+            try:
+                self.config = cfg = self.parser.parse_object({"model": hparams}, cfg)  # the checkpoint's model
+            except ArgumentError as e:
+                raise CheckpointError(f"{cfg.ckpt_path}: its model's options are not this version's "
+                                      f"({failures.condense(str(e))})") from None
             run = runs.run_of(Path(cfg.ckpt_path)) or runs.claim_new_version(root)
             self.resume = (Path(cfg.ckpt_path), ckpt)
         else:
@@ -405,8 +400,6 @@ def check_arguments(parser, argv: list[str], note: bool = True) -> dict:
     """Parse a fit's command line with ``training_parser()``'s parser, as vit-train would, without running: its
     effective configuration (``configuration``); a bad or old option raises ConfigError with the parser's one
     line. ``note``: say which recipe runs when the line names none (else quietly)."""
-    from jsonargparse import ArgumentError
-
     parser.default_config_files = [str(p) for p in configs.default_files("fit", argv, note)]
     refuse_old_command_line(argv)
     try:

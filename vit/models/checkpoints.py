@@ -46,6 +46,8 @@ REMOVED = {
                         "sin-cos E_pos and linear decay it lost 1.2 points (docs/results.md); vit-classify "
                         "--tta-flip still does it")}
 
+CHANGED = {key for key, removed in REMOVED.items() if removed.changed}  # (what ``upgrade`` keeps under "_removed")
+
 
 def old_option(key: str, value=None) -> str | None:
     """What to say of a model option ``key`` with ``value`` (``--model.KEY``, or ``model: KEY:`` in a recipe) of an
@@ -113,9 +115,23 @@ def read_checkpoint(path: str | Path) -> dict:
                               f"{(str(e).splitlines() or [''])[0].split('. ')[0]})") from None
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
         raise CheckpointError(f"{path}: not a vit training checkpoint (no state_dict)")
-    if isinstance(ckpt.get("hyper_parameters"), dict):
-        ckpt["hyper_parameters"] = upgrade(ckpt["hyper_parameters"])
+    hparams = ckpt.get("hyper_parameters")
+    if hparams is not None and not (isinstance(hparams, dict) and plain(hparams, keys=(str,))):
+        raise CheckpointError(f"{path}: not as this program writes it (hyper_parameters: not the model's options, "
+                              f"each named, in plain values)")
+    if hparams is not None:
+        ckpt["hyper_parameters"] = upgrade(hparams)
     return ckpt
+
+
+def plain(value, keys: tuple = (str, int, float, bool)) -> bool:
+    """Made of what YAML has too: None, bools, numbers, strings, lists, tuples and dicts of them (their keys of
+    ``keys``)."""
+    if isinstance(value, (list, tuple)):
+        return all(plain(v, keys) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, keys) and plain(v, keys) for k, v in value.items())
+    return value is None or isinstance(value, (bool, int, float, str))
 
 
 def upgrade(hparams: dict) -> dict:
@@ -125,17 +141,19 @@ def upgrade(hparams: dict) -> dict:
     one whose value changed a resumed run or a test is kept under ``_removed`` (as every key of the stored
     options that is not one of the model's, it starts with "_") for ``refuse_removed``. Classify, rollout,
     export and the demo read none of it: the weights, classes and normalisation are the checkpoint's."""
-    grouped: dict = {}
+    grouped, moved, removed = {}, {}, {}
     for key, value in hparams.items():
         if key in REMOVED:
             if REMOVED[key].changed and value != REMOVED[key].same:
-                grouped.setdefault("_removed", {})[key] = value
+                removed[key] = value
         elif key in MOVED and not isinstance(value, dict):  # (today's optimizer is a group: a dict)
             group, field = MOVED[key]
-            grouped.setdefault(group, {})[field] = value
+            moved.setdefault(group, {})[field] = value
         else:
             grouped[key] = value
-    return grouped
+    for group, fields in moved.items():
+        grouped[group] = {**fields, **grouped[group]} if isinstance(grouped.get(group), dict) else fields
+    return {**grouped, "_removed": removed} if removed else grouped
 
 
 def refuse_removed(ckpt: dict, name: str | None, resume: bool) -> None:
@@ -143,7 +161,7 @@ def refuse_removed(ckpt: dict, name: str | None, resume: bool) -> None:
     would do: one line naming it, instead of a run that silently does otherwise."""
     hparams = ckpt.get("hyper_parameters")
     removed = hparams.get("_removed") if isinstance(hparams, dict) else None  # (another: check_fields names it)
-    changed = [(k, v) for k, v in removed.items() if k in REMOVED and (resume or k == "tta_flip")] \
+    changed = [(k, v) for k, v in removed.items() if k in CHANGED and (resume or k == "tta_flip")] \
         if isinstance(removed, dict) else []  # (a test does no update)
     if changed:
         said = "; ".join(f"--model.{k} {str(v).lower() if isinstance(v, bool) else v}, which this version no longer "
@@ -332,7 +350,7 @@ FIELDS = {
     ("vit", "wandb_run_id"): optional(text),
     ("global_step",): whole,
     ("hyper_parameters", "arch"): lambda value: isinstance(value, dict),
-    ("hyper_parameters", "_removed"): lambda value: isinstance(value, dict) and set(value) <= set(REMOVED),
+    ("hyper_parameters", "_removed"): lambda value: isinstance(value, dict) and set(value) <= CHANGED,
     ("callbacks", "EpochSeed", "next_epoch"): whole,
     ("callbacks", "Timer", "time_elapsed"): lambda value: isinstance(value, dict) and all(
         text(k) and figure(v) for k, v in value.items()),  # (Lightning's Timer's, kept by StepEndTimer)
