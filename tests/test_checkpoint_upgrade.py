@@ -5,6 +5,7 @@ flat-options.png). Classify, rollout, export and the demo give the same; a test 
 their groups (a resume is refused: it kept its place in the data in loader batches); an option that left and changed what a test or a resumed run does is refused in one line."""
 
 import json
+import sys
 
 import pytest
 import torch
@@ -123,8 +124,17 @@ def test_crafted_model_options_are_one_line_wherever_a_checkpoint_is_read(tmp_pa
     from vit.models.checkpoints import read_checkpoint, upgrade
 
     old = load(OLD)
-    for crafted in ({**old["hyper_parameters"], "arch": {"dim": torch.tensor([64, 1])}}, {1: 2}, [1]):
-        torch.save({**old, "hyper_parameters": crafted}, tmp_path / "crafted.ckpt")
+    deep = []
+    for _ in range(5000):
+        deep = [deep]
+    for crafted in ({**old["hyper_parameters"], "arch": {"dim": torch.tensor([64, 1])}}, {1: 2}, [1], None,
+                    {**old["hyper_parameters"], "deep": deep}):
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(20000)  # (pickle writes the deep list recursively; torch's reader reads it whole)
+        try:
+            torch.save({**old, "hyper_parameters": crafted}, tmp_path / "crafted.ckpt")
+        finally:
+            sys.setrecursionlimit(limit)
         with pytest.raises(CheckpointError, match="not as this program writes it \\(hyper_parameters: not the model's"):
             read_checkpoint(tmp_path / "crafted.ckpt")
     assert upgrade({"schedule": 3, "warmup_epochs": 1}) == {"schedule": {"warmup_epochs": 1}}
@@ -140,3 +150,9 @@ def test_crafted_model_options_are_one_line_wherever_a_checkpoint_is_read(tmp_pa
     assert train_here(tmp_path, None, "test", "--ckpt_path", str(tmp_path / "dim.ckpt"), *data_args(tmp_path)) == 2
     (error,) = errors_of(capsys)
     assert error.startswith(f"error: {tmp_path / 'dim.ckpt'}: its model's options are not this version's (")
+    arch = {**old["hyper_parameters"]["arch"], "dim": 32}  # (a model its weights do not fit)
+    torch.save({**old, "hyper_parameters": {**old["hyper_parameters"], "arch": arch}}, tmp_path / "wide.ckpt")
+    assert train_here(tmp_path, None, "test", "--ckpt_path", str(tmp_path / "wide.ckpt"), *data_args(tmp_path)) == 2
+    (error,) = errors_of(capsys)
+    assert error.startswith(f"error: {tmp_path / 'wide.ckpt'}: its weights and its model's options do not fit "
+                            "together (Error(s) in loading state_dict")

@@ -283,8 +283,12 @@ def test_unusable_checkpoints_to_resume_exit_2_and_overwrite_nothing(tmp_path, f
     (tmp_path / "copy.ckpt").write_bytes(trained_checkpoint.read_bytes())  # (outside a run folder: a new one's)
     cases = [(["--ckpt_path", str(tmp_path / "corrupt.ckpt")], "not a readable checkpoint"),
              (["--ckpt_path", str(tmp_path / "evil.ckpt")], "refused, the checkpoint references code"),
-             (["--ckpt_path", str(tmp_path / "crafted.ckpt")], "not as this program writes it (hyper_parameters [1])"),
+             (["--ckpt_path", str(tmp_path / "crafted.ckpt")],
+              "not as this program writes it (hyper_parameters: not the model's options"),
              (["--ckpt_path", str(tmp_path / "copy.ckpt"), "--model.arch.dim", "96"], "its model does not fit"),
+             (["--ckpt_path", str(trained_checkpoint), "--model.ema_decay", "0.9"],  # (Lightning's load: a traceback)
+              "its model does not fit this command line (EMA weights (--model.ema_decay): checkpoint False, command "
+              "line True)"),
              (["--ckpt_path", str(trained_checkpoint), "--model.arch.dim", "96", "--model.arch.depth", "2"],
               "its model does not fit this command line (dim: checkpoint 64, command line 96; depth: checkpoint 4, "
               "command line 2)")]

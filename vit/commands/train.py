@@ -35,7 +35,7 @@ from vit.training import commits, loggers, results
 from vit.training.callbacks import LogConfig, run_callbacks
 from vit.training.guards import StopAfterMinutes, Watchdog
 from vit.training.progress import ProgressBar
-from vit.models.checkpoints import check_checkpoint, old_option, plain, read_checkpoint
+from vit.models.checkpoints import check_checkpoint, check_weights, old_option, plain, read_checkpoint
 from vit.data.datamodules import split_batch
 from vit.exits import CheckpointError, ConfigError, Stopped
 from vit.training.loggers import quiet_lightning
@@ -243,8 +243,8 @@ class ViTCLI(LightningCLI):
                 if backend == "nccl":
                     gpus.nccl_errors_reach_python()  # (before the group is made)
                 launch.join_group(backend, cfg.ddp_timeout + Watchdog.BACKSTOP)
-            run, self.resume = runs.open_for_fit(root, cfg.ckpt_path, cfg.run, vars(cfg.model.arch), data,
-                                                 self.claimed)
+            model = {**vars(cfg.model.arch), "ema": cfg.model.ema_decay is not None}  # (what shapes the weights)
+            run, self.resume = runs.open_for_fit(root, cfg.ckpt_path, cfg.run, model, data, self.claimed)
             launch.apply_allocation(cfg.trainer)
         os.environ[runs.ENV] = str(run)  # the processes Lightning's DDP launcher starts use this folder too
         os.environ[runs.RESUMES] = str(self.resume[0]) if self.resume else ""  # and this checkpoint
@@ -264,6 +264,8 @@ class ViTCLI(LightningCLI):
             if cause is None:
                 raise
             raise cause from None
+        if self.mode == "test":
+            check_weights(self.model, *self.resume)
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
         """The Trainer as configured, with the launch's strategy and plugins (vit.cluster.launch.parallelism) and

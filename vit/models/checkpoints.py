@@ -115,11 +115,15 @@ def read_checkpoint(path: str | Path) -> dict:
                               f"{(str(e).splitlines() or [''])[0].split('. ')[0]})") from None
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
         raise CheckpointError(f"{path}: not a vit training checkpoint (no state_dict)")
-    hparams = ckpt.get("hyper_parameters")
-    if hparams is not None and not (isinstance(hparams, dict) and plain(hparams, keys=(str,))):
-        raise CheckpointError(f"{path}: not as this program writes it (hyper_parameters: not the model's options, "
-                              f"each named, in plain values)")
-    if hparams is not None:
+    if "hyper_parameters" in ckpt:
+        hparams = ckpt["hyper_parameters"]
+        try:
+            named = isinstance(hparams, dict) and plain(hparams, keys=(str,))
+        except RecursionError:  # (nested deeper than Python's stack: no options of a model)
+            named = False
+        if not named:
+            raise CheckpointError(f"{path}: not as this program writes it (hyper_parameters: not the model's "
+                                  f"options, each named, in plain values)")
         ckpt["hyper_parameters"] = upgrade(hparams)
     return ckpt
 
@@ -172,10 +176,13 @@ def refuse_removed(ckpt: dict, name: str | None, resume: bool) -> None:
 
 
 def check_fits(ckpt: dict, arch: dict, name: str | None) -> None:
-    """A checkpoint to resume whose model does not fit the command line's ``arch``: one line naming the
-    differences."""
-    theirs = ckpt.get("hyper_parameters", {}).get("arch", {})
-    diff = [f"{k}: checkpoint {theirs[k]!r}, command line {arch[k]!r}" for k in arch
+    """A checkpoint to resume whose weights the command line's model would not take: another ``arch``, or EMA
+    weights where the command line keeps none, or the reverse (``arch["ema"]``: --model.ema_decay given). One
+    line naming the differences."""
+    hparams = ckpt.get("hyper_parameters", {})
+    theirs = {**hparams.get("arch", {}), "ema": hparams.get("ema_decay") is not None}
+    named = {"ema": "EMA weights (--model.ema_decay)"}
+    diff = [f"{named.get(k, k)}: checkpoint {theirs[k]!r}, command line {arch[k]!r}" for k in arch
             if k in theirs and k != "num_classes" and theirs[k] != arch[k]]
     if diff:
         raise CheckpointError(f"{name or 'the last checkpoint'}: its model does not fit "
@@ -416,6 +423,16 @@ def check_fields(ckpt: dict, name, data_key: str, testing: bool = False) -> None
         what = ", ".join(f"{'.'.join(path)} {shown(value)}" for path, value in bad.items())
         then = "test another checkpoint" if testing else "resume from another checkpoint of the run, or start a new run"
         raise CheckpointError(f"{name}: not as this program writes it ({what}): {then}")
+
+
+def check_weights(module, path, ckpt: dict) -> None:
+    """A checkpoint to test whose weights do not fit the model its own options make (crafted, or edited): one
+    line, before the test, instead of Lightning's traceback."""
+    try:
+        module.load_state_dict(ckpt["state_dict"])  # (strict, as Lightning loads it)
+    except RuntimeError as e:
+        raise CheckpointError(f"{path}: its weights and its model's options do not fit together "
+                              f"({' '.join(str(e).split())[:400]})") from None
 
 
 def check_checkpoint(ckpt: dict, name, data: dict, arch: dict | None = None) -> None:
