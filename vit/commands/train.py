@@ -35,7 +35,8 @@ from vit.training import commits, loggers, results
 from vit.training.callbacks import LogConfig, run_callbacks
 from vit.training.guards import StopAfterMinutes, Watchdog
 from vit.training.progress import ProgressBar
-from vit.models.checkpoints import check_checkpoint, check_weights, old_option, plain, read_checkpoint
+from vit.models.checkpoints import (check_checkpoint, check_classes, check_weights, old_option, plain,
+                                    read_checkpoint)
 from vit.data.datamodules import split_batch
 from vit.exits import CheckpointError, ConfigError, Stopped
 from vit.training.loggers import quiet_lightning
@@ -231,7 +232,10 @@ class ViTCLI(LightningCLI):
             except ArgumentError as e:
                 raise CheckpointError(f"{cfg.ckpt_path}: its model's options are not this version's "
                                       f"({failures.condense(str(e))})") from None
-            run = runs.run_of(Path(cfg.ckpt_path)) or runs.claim_new_version(root)
+            run = runs.run_of(Path(cfg.ckpt_path))
+            if run is None:  # (removed again if the test never starts)
+                run = runs.claim_new_version(root)
+                self.claimed.append(run)
             self.resume = (Path(cfg.ckpt_path), ckpt)
         else:
             if not os.environ.get(runs.ENV):  # (Lightning's launcher starts its processes once process 0 decided)
@@ -264,6 +268,8 @@ class ViTCLI(LightningCLI):
             if cause is None:
                 raise
             raise cause from None
+        if self.resume:  # (every process has the checkpoint's "vit" entry: every one refuses alike)
+            check_classes(self.resume[1], self.datamodule.num_classes, self.resume[0])
         if self.mode == "test":
             check_weights(self.model, *self.resume)
 
@@ -483,4 +489,6 @@ def main(argv: list[str] | None = None) -> int:
     for run in claimed:
         if run.is_dir() and {p.name for p in run.iterdir()} <= {runs.WANDB_ID, run_lock.LOCK}:
             shutil.rmtree(run)  # a run that never started leaves no folder behind (its W&B id unused)
+            if not any(run.parent.iterdir()):  # (nor the recipe's folder it made for it)
+                run.parent.rmdir()
     return code

@@ -113,8 +113,10 @@ def read_checkpoint(path: str | Path) -> dict:
     except Exception as e:  # noqa: BLE001 - a corrupt file can fail anywhere in torch.load
         raise CheckpointError(f"{path}: not a readable checkpoint ({type(e).__name__}: "
                               f"{(str(e).splitlines() or [''])[0].split('. ')[0]})") from None
-    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
-        raise CheckpointError(f"{path}: not a vit training checkpoint (no state_dict)")
+    weights = ckpt.get("state_dict") if isinstance(ckpt, dict) else None
+    if not isinstance(weights, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                                for k, v in weights.items()):
+        raise CheckpointError(f"{path}: not a vit training checkpoint (no state_dict of named tensors)")
     if "hyper_parameters" in ckpt:
         hparams = ckpt["hyper_parameters"]
         try:
@@ -179,8 +181,8 @@ def check_fits(ckpt: dict, arch: dict, name: str | None) -> None:
     """A checkpoint to resume whose weights the command line's model would not take: another ``arch``, or EMA
     weights where the command line keeps none, or the reverse (``arch["ema"]``: --model.ema_decay given). One
     line naming the differences."""
-    hparams = ckpt.get("hyper_parameters", {})
-    theirs = {**hparams.get("arch", {}), "ema": hparams.get("ema_decay") is not None}
+    theirs = {**ckpt.get("hyper_parameters", {}).get("arch", {}),
+              "ema": any(key.startswith("ema.") for key in ckpt["state_dict"])}
     named = {"ema": "EMA weights (--model.ema_decay)"}
     diff = [f"{named.get(k, k)}: checkpoint {theirs[k]!r}, command line {arch[k]!r}" for k in arch
             if k in theirs and k != "num_classes" and theirs[k] != arch[k]]
@@ -423,6 +425,15 @@ def check_fields(ckpt: dict, name, data_key: str, testing: bool = False) -> None
         what = ", ".join(f"{'.'.join(path)} {shown(value)}" for path, value in bad.items())
         then = "test another checkpoint" if testing else "resume from another checkpoint of the run, or start a new run"
         raise CheckpointError(f"{name}: not as this program writes it ({what}): {then}")
+
+
+def check_classes(ckpt: dict, num_classes: int, name) -> None:
+    """A checkpoint resumed or tested with data of another number of classes (its head would not fit): one line."""
+    names = ckpt.get("vit", {}).get("class_names")  # (a list of texts: check_fields)
+    if names is not None and len(names) != num_classes:
+        raise DatasetError(f"{name}: its model classifies {len(names)} classes ({', '.join(names[:5])}"
+                           f"{', ...' if len(names) > 5 else ''}), and the data of this command has {num_classes}: "
+                           f"give it the data it was trained on, or start a new run")
 
 
 def check_weights(module, path, ckpt: dict) -> None:
