@@ -268,8 +268,9 @@ class ViTCLI(LightningCLI):
             if cause is None:
                 raise
             raise cause from None
-        if self.resume:  # (every process has the checkpoint's "vit" entry: every one refuses alike)
-            check_classes(self.resume[1], self.datamodule.num_classes, self.resume[0])
+        classes = getattr(self.datamodule, "num_classes", None)  # (a data module of a user's may not say)
+        if self.resume and classes is not None:  # (every process has the checkpoint's "vit" entry: all refuse alike)
+            check_classes(self.resume[1], classes, self.resume[0])
         if self.mode == "test":
             check_weights(self.model, *self.resume)
 
@@ -489,6 +490,4 @@ def main(argv: list[str] | None = None) -> int:
     for run in claimed:
         if run.is_dir() and {p.name for p in run.iterdir()} <= {runs.WANDB_ID, run_lock.LOCK}:
             shutil.rmtree(run)  # a run that never started leaves no folder behind (its W&B id unused)
-            if not any(run.parent.iterdir()):  # (nor the recipe's folder it made for it)
-                run.parent.rmdir()
     return code
