@@ -221,8 +221,8 @@ class ViTCLI(LightningCLI):
         if self.mode == "test":
             if not cfg.ckpt_path or cfg.ckpt_path == "last":
                 raise ConfigError("test needs --ckpt_path CKPT, the checkpoint file to evaluate")
-            if launch.processes() > 1:  # (each would test, and write the record, on its own)
-                raise ConfigError(f"test evaluates on one process, and this launch has {launch.processes()}: "
+            if (processes := launch.processes()) > 1:  # (each would test, and write the record, on its own)
+                raise ConfigError(f"test evaluates on one process, and this launch has {processes}: "
                                   f"start it as one (srun --ntasks 1, torchrun --nproc-per-node 1 --nnodes 1)")
             ckpt = read_checkpoint(cfg.ckpt_path)
             check_checkpoint(ckpt, cfg.ckpt_path, data)
