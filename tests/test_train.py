@@ -281,11 +281,17 @@ def test_unusable_checkpoints_to_resume_exit_2_and_overwrite_nothing(tmp_path, f
     torch.save({"state_dict": {}, "payload": Exploit()}, tmp_path / "evil.ckpt")
     torch.save({**load(trained_checkpoint), "hyper_parameters": [1]}, tmp_path / "crafted.ckpt")
     (tmp_path / "copy.ckpt").write_bytes(trained_checkpoint.read_bytes())  # (outside a run folder: a new one's)
+    weights = load(trained_checkpoint)
+    weights["state_dict"]["model.patch_embedding.proj.weight"] = torch.zeros(3, 3)  # (options and weights apart)
+    torch.save(weights, tmp_path / "weights.ckpt")
     cases = [(["--ckpt_path", str(tmp_path / "corrupt.ckpt")], "not a readable checkpoint"),
              (["--ckpt_path", str(tmp_path / "evil.ckpt")], "refused, the checkpoint references code"),
              (["--ckpt_path", str(tmp_path / "crafted.ckpt")],
               "not as this program writes it (hyper_parameters: not the model's options"),
              (["--ckpt_path", str(tmp_path / "copy.ckpt"), "--model.arch.dim", "96"], "its model does not fit"),
+             (["--ckpt_path", str(tmp_path / "weights.ckpt")],  # (Lightning's load: a traceback)
+              "its weights and its model's options do not fit together (Error(s) in loading state_dict for "
+              "ViTClassifier: size mismatch for model.patch_embedding.proj.weight"),
              (["--ckpt_path", str(trained_checkpoint), "--model.ema_decay", "0.9"],  # (Lightning's load: a traceback)
               "its model does not fit this command line (EMA weights (--model.ema_decay): checkpoint False, command "
               "line True)"),

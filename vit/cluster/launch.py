@@ -85,16 +85,11 @@ def attempt() -> str:
 
 
 def launch_name() -> str | None:
-    """The shared name of a run whose processes an external launcher started: every SLURM job has its
-    own (one task or many), so a job never resumes or writes into another job's run."""
-    env, job, rdzv = os.environ, slurm_job(), torchrun_id()
-    if job:
-        return f"slurm-{job}"
-    if rdzv:
-        return f"torchrun-{rdzv}"
-    if int(env.get("WORLD_SIZE", 1)) > 1:
-        return f"launch-{env.get('MASTER_ADDR', 'localhost')}-{env.get('MASTER_PORT', 0)}"
-    return None
+    """The name of this launch that each of its attempts shares, and its run folder's: a SLURM job's
+    (one task or many) or a torchrun's rendezvous id, so that a requeued or restarted launch finds its run and
+    never another's; None for any other launch (process 0 names a new folder)."""
+    job, rdzv = slurm_job(), torchrun_id()
+    return f"slurm-{job}" if job else f"torchrun-{rdzv}" if rdzv else None
 
 
 def allocation() -> tuple[int, int] | None:

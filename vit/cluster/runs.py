@@ -173,6 +173,11 @@ def run_of(checkpoint: Path) -> Path | None:
     return checkpoint.resolve().parent.parent if checkpoint.resolve().parent.name == CHECKPOINTS else None
 
 
+def to_make(root: Path) -> list[Path]:
+    """The folders that creating ``root`` makes, the outermost first."""
+    return [folder for folder in (*reversed(root.parents), root) if not folder.is_dir()]
+
+
 def claim_new_version(root: Path) -> Path:
     """Create and return ``root/version_N`` for the next free N (atomic: two runs never share one)."""
     root.mkdir(parents=True, exist_ok=True)
@@ -226,7 +231,7 @@ def own_newest(run: Path) -> bool:
     except RunError:
         return False
     vit = found[1].get("vit") if found is not None else None
-    return isinstance(vit, dict) and vit.get("launch") == launch_name()
+    return isinstance(vit, dict) and launch_name() is not None and vit.get("launch") == launch_name()
 
 
 def place_outputs(cfg, run: Path, known_wandb_id: str | None) -> None:
@@ -287,7 +292,7 @@ def decide(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data
     (vit.cluster.run_lock), and the checkpoint it resumes from with its contents, checked (it fits ``arch``, its
     fields are as written, its split is the command line's ``data``'s) before any work. A requeued or restarted
     launch (attempt past 0) continues from its own folder's newest checkpoint, whatever ``ckpt_path`` its first
-    attempt started from. A folder this call created is appended to ``claimed``. Then the drafts of saves killed
+    attempt started from. The folders this call creates are appended to ``claimed``. Then the drafts of saves killed
     in an earlier attempt are deleted: no other launch trains here and this one has not begun."""
     from lightning.pytorch.utilities import rank_zero_info
 
@@ -304,6 +309,7 @@ def decide(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data
     if ckpt_path not in (None, "last"):  # (a file: checked before any folder is named, taken or made)
         resume = (Path(ckpt_path), read_checkpoint(ckpt_path))
         check_checkpoint(resume[1], ckpt_path, data, arch)
+    claimed += to_make(root)
     existed = set(root.iterdir()) if root.is_dir() else set()
     run, note, found = resolve(root, ckpt_path, name)
     taken = run_lock.take(run)

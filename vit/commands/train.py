@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import logging
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -234,6 +234,7 @@ class ViTCLI(LightningCLI):
                                       f"({failures.condense(str(e))})") from None
             run = runs.run_of(Path(cfg.ckpt_path))
             if run is None:  # (removed again if the test never starts)
+                self.claimed += runs.to_make(root)
                 run = runs.claim_new_version(root)
                 self.claimed.append(run)
             self.resume = (Path(cfg.ckpt_path), ckpt)
@@ -271,8 +272,8 @@ class ViTCLI(LightningCLI):
         classes = getattr(self.datamodule, "num_classes", None)  # (a data module of a user's may not say)
         if self.resume and classes is not None:  # (every process has the checkpoint's "vit" entry: all refuse alike)
             check_classes(self.resume[1], classes, self.resume[0])
-        if self.mode == "test":
-            check_weights(self.model, *self.resume)
+        if self.resume:  # (process 0 alone holds a resume's weights: its refusal is every process's)
+            launch.from_process_zero(lambda: check_weights(self.model, *self.resume), "check of its checkpoint")
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
         """The Trainer as configured, with the launch's strategy and plugins (vit.cluster.launch.parallelism) and
@@ -442,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     if launch.slurm_job() and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGUSR1, stop_before_training)
     quiet_third_party()
-    claimed: list[Path] = []  # a run folder this process created
+    claimed: list[Path] = []  # the folders this process created for its run, in order
     inherited = runs.ENV in os.environ  # set by the process that launched this one (DDP)
     code = 1  # a bug, unless the run ends otherwise below
     commits.commit()  # the code that runs, before anyone edits the tree
@@ -487,7 +488,10 @@ def main(argv: list[str] | None = None) -> int:
     if rank_zero_only.rank == 0 or not alike:
         print(failures.said(message, code), file=sys.stderr)
     tell_others(cli, code, message)  # under DDP, the others end with it, with this line (rank 1's bad input too)
-    for run in claimed:
-        if run.is_dir() and {p.name for p in run.iterdir()} <= {runs.WANDB_ID, run_lock.LOCK}:
-            shutil.rmtree(run)  # a run that never started leaves no folder behind (its W&B id unused)
+    for folder in reversed(claimed):  # a run that never started leaves no folder behind (its W&B id unused)
+        if folder.is_dir() and {p.name for p in folder.iterdir()} <= {runs.WANDB_ID, run_lock.LOCK}:
+            for left in folder.iterdir():
+                left.unlink()
+            with contextlib.suppress(OSError):  # (another start's folder in it since: kept)
+                folder.rmdir()
     return code

@@ -437,8 +437,8 @@ def check_classes(ckpt: dict, num_classes: int, name) -> None:
 
 
 def check_weights(module, path, ckpt: dict) -> None:
-    """A checkpoint to test whose weights do not fit the model its own options make (crafted, or edited): one
-    line, before the test, instead of Lightning's traceback."""
+    """A checkpoint to test or resume whose weights do not fit the model (crafted, or edited): one line, before
+    any work, instead of Lightning's traceback."""
     try:
         module.load_state_dict(ckpt["state_dict"])  # (strict, as Lightning loads it)
     except RuntimeError as e:
