@@ -306,7 +306,7 @@ def test_unusable_checkpoints_to_resume_exit_2_and_overwrite_nothing(tmp_path, f
         errors = [line for line in err.splitlines() if line.startswith("error:")]
         assert code == 2 and len(errors) == 1 and message in errors[0] and "Traceback" not in err, (args, err[-2000:])
     assert digest(run) == before and not (tmp_path / "pwned").exists()
-    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*"))
+    assert not (tmp_path / "runs").exists()
 
 
 def test_own_image_folders_with_bad_and_rotated_files_train(tmp_path, capfd, caplog):

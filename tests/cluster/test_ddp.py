@@ -261,6 +261,46 @@ def test_torchrun_across_two_nodes_gives_one_run(tmp_path, fake_cifar_session):
     assert len(re.findall(TEST_LINE, out)) == 1
 
 
+def test_a_resume_whose_weights_do_not_fit_is_refused_on_every_node_before_training(tmp_path, fake_cifar_session,
+                                                                                   trained_checkpoint):
+    """Process 0 alone reads a resume's weights (the others get its decision, not the weights): weights that do
+    not fit the model's options (edited, crafted) are refused in one line, and every process of both "nodes"
+    ends with exit 2 before training, leaving no folder."""
+    ckpt = load(trained_checkpoint)
+    ckpt["state_dict"]["model.patch_embedding.proj.weight"] = torch.zeros(3, 3)
+    torch.save(ckpt, tmp_path / "crafted.ckpt")
+    torchrun, port = Path(sys.executable).with_name("torchrun"), free_port()
+    codes, out = run_together([[str(torchrun), "--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "1",
+                                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id",
+                                "crafted", *TRAIN, "--data.root", str(fake_cifar_session), "--trainer.accelerator",
+                                "cpu", "--trainer.logger", "false", "--data.val_size", "100",  # (the checkpoint's)
+                                "--ckpt_path", str(tmp_path / "crafted.ckpt")]
+                               for rank in (0, 1)], tmp_path, user_env(), timeout=300)
+    assert codes == [1, 1] and re.findall(r"^\s*exitcode\s*: (\d+)", out, re.M) == ["2", "2"], out[-4000:]  # (torchrun's 1)
+    (error,) = [line for line in out.splitlines() if line.startswith("error:")]
+    assert error.startswith(f"error: {tmp_path / 'crafted.ckpt'}: its weights and its model's options do not fit "
+                            f"together (Error(s) in loading state_dict for ViTClassifier: size mismatch"), out[-4000:]
+    assert "Epoch 0" not in out and not (tmp_path / "runs").exists()
+
+
+def test_a_process_that_fails_after_the_decision_ends_process_0_at_once(tmp_path, fake_cifar_session,
+                                                                       trained_checkpoint):
+    """Two processes of a launcher that kills none (RANK, WORLD_SIZE, MASTER_ADDR/PORT, as srun without
+    --kill-on-bad-exit leaves them): process 1 fails on its own once process 0 has decided the run (its data,
+    node-local, is missing), and process 0, which then checks the resume's weights and tells the others,
+    ends at once (exit 5), not when its broadcast's time limit runs out."""
+    port = str(free_port())
+    data = [["--data.root", str(fake_cifar_session)],
+            ["--data", "vit.data.ImageFolderDataModule", "--data.root", str(tmp_path / "missing")]]
+    codes, out = run_together([["env", f"RANK={rank}", "LOCAL_RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+                                f"MASTER_PORT={port}", sys.executable, *TRAIN, *data[rank], "--trainer.accelerator",
+                                "cpu", "--trainer.logger", "false", "--data.val_size", "100",
+                                "--ckpt_path", str(trained_checkpoint)] for rank in (0, 1)],
+                              tmp_path, user_env(), timeout=120)
+    assert codes == [5, 2], out[-4000:]
+    assert "process 0: lost the other processes of this run" in out, out[-4000:]
+
+
 def test_torchrun_restarts_a_killed_worker_and_the_group_ends_exact(tmp_path, fake_cifar_session):
     """`torchrun --max-restarts 1`, 2 processes on 127.0.0.1, a step checkpoint after every step: rank 1
     is killed with SIGKILL at step 5 of 7 in epoch 0. torchrun restarts the group; the new workers resume

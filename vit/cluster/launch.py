@@ -166,6 +166,7 @@ def join_group(backend: str, timeout_seconds: float) -> None:
             return
         env["MASTER_ADDR"], env["MASTER_PORT"] = slurm.main_address, str(slurm.main_port)
         dist.init_process_group(backend, rank=slurm.global_rank(), world_size=slurm.world_size(), timeout=timeout)
+    patient_group()  # (every process is here)
     atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())  # (as Lightning does)
 
 
@@ -237,11 +238,10 @@ def parallelism(trainer: dict, ddp_timeout: float) -> dict:
 
 def from_process_zero(make: Callable[[], T], what: str) -> T:
     """``make()`` run by process 0 only, its result (or its BadInput error) given to every process. One
-    broadcast, on a gloo group of its own without a practical time limit (as Lightning's prepare_data
-    barrier): the others wait for as long as process 0 works (it checks a folder's images, say), and say so
-    once a minute (waiting for process 0's ``what``). Process 0 failing otherwise ends them with a line naming
-    its error (exit 5) before it raises that error itself; process 0 gone ends them at once (its connection
-    closes), never a silent hang."""
+    broadcast, on ``patient_group``: the others wait for as long as process 0 works (it checks a folder's
+    images, say), and say so once a minute (waiting for process 0's ``what``). Process 0 failing otherwise ends
+    them with a line naming its error (exit 5) before it raises that error itself; a process gone ends the
+    others at once (its connections close), never a silent hang."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
@@ -252,9 +252,9 @@ def from_process_zero(make: Callable[[], T], what: str) -> T:
     # index read, or every image checked), so that a job's one log gets one line a minute
     others = "process 1" if world == 2 else f"processes 1 to {world - 1}"
     waiting = _Every(60.0, f"{others}: still waiting for process 0's {what}") if rank == 1 else None
-    failed, group = None, None
+    failed = None
     try:
-        group = dist.new_group(backend="gloo", timeout=timedelta(days=10))  # every process, in the same order
+        group = patient_group()
         if rank == 0:
             try:
                 box[0] = make()
@@ -268,13 +268,27 @@ def from_process_zero(make: Callable[[], T], what: str) -> T:
     finally:
         if waiting is not None:
             waiting.stop()
-        if group is not None:
-            dist.destroy_process_group(group)
     if failed is not None:
         raise failed
     if isinstance(box[0], (BadInput, LostProcesses, Stopped)):
         raise box[0]
     return box[0]
+
+
+_patient: list = []  # (the process group, patient_group's group of it)
+
+
+def patient_group():
+    """A gloo group of every process without a practical time limit (as Lightning's prepare_data barrier), for
+    ``from_process_zero``; made once, with the process group (``join_group``; else at the first
+    ``from_process_zero``, which every process calls in the same order). Its connections are made while every
+    process is there, so that a broadcast on it ends at once when one has ended since (a group made later would
+    wait for that one to join it)."""
+    import torch.distributed as dist
+
+    if not _patient or _patient[0] is not dist.group.WORLD:
+        _patient[:] = [dist.group.WORLD, dist.new_group(backend="gloo", timeout=timedelta(days=10))]
+    return _patient[1]
 
 
 class _Every:

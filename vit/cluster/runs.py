@@ -186,7 +186,7 @@ def claim_new_version(root: Path) -> Path:
     n = max(taken, default=-1) + 1
     while True:
         try:
-            (root / f"version_{n}").mkdir()
+            (root / f"version_{n}").mkdir(parents=True)  # (a refused start may have removed an empty root since)
             return root / f"version_{n}"
         except FileExistsError:
             n += 1

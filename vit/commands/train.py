@@ -477,6 +477,13 @@ def main(argv: list[str] | None = None) -> int:
         if launch.slurm_job() and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         loggers.end_wandb_run(code)
+        # a run that never started leaves no folder behind (its W&B id unused), removed while its lock is held
+        for folder in reversed(claimed if code else []):
+            if folder.is_dir() and {p.name for p in folder.iterdir()} <= {runs.WANDB_ID, run_lock.LOCK}:
+                for left in folder.iterdir():
+                    left.unlink()
+                with contextlib.suppress(OSError):  # (another start's folder in it since: kept)
+                    folder.rmdir()
         run_lock.release()  # (after the W&B run's end: the folder is this run's until then)
         bug = sys.exc_info()[1]
         if code == 1 and isinstance(bug, Exception):  # under DDP, the others end too, naming it (its traceback
@@ -488,10 +495,4 @@ def main(argv: list[str] | None = None) -> int:
     if rank_zero_only.rank == 0 or not alike:
         print(failures.said(message, code), file=sys.stderr)
     tell_others(cli, code, message)  # under DDP, the others end with it, with this line (rank 1's bad input too)
-    for folder in reversed(claimed):  # a run that never started leaves no folder behind (its W&B id unused)
-        if folder.is_dir() and {p.name for p in folder.iterdir()} <= {runs.WANDB_ID, run_lock.LOCK}:
-            for left in folder.iterdir():
-                left.unlink()
-            with contextlib.suppress(OSError):  # (another start's folder in it since: kept)
-                folder.rmdir()
     return code
