@@ -166,8 +166,11 @@ def join_group(backend: str, timeout_seconds: float) -> None:
             return
         env["MASTER_ADDR"], env["MASTER_PORT"] = slurm.main_address, str(slurm.main_port)
         dist.init_process_group(backend, rank=slurm.global_rank(), world_size=slurm.world_size(), timeout=timeout)
-    patient_group()  # (every process is here)
     atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())  # (as Lightning does)
+    # every process is here within the time limit (NCCL's group is made without waiting for them all), then the
+    # group without a practical one is made at once
+    dist.destroy_process_group(dist.new_group(backend="gloo", timeout=timeout))
+    patient_group()
 
 
 def peers_store():

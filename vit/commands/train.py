@@ -479,10 +479,10 @@ def main(argv: list[str] | None = None) -> int:
         loggers.end_wandb_run(code)
         # a run that never started leaves no folder behind (its W&B id unused), removed while its lock is held
         for folder in reversed(claimed if code else []):
-            if folder.is_dir() and {p.name for p in folder.iterdir()} <= {runs.WANDB_ID, run_lock.LOCK}:
-                for left in folder.iterdir():
-                    left.unlink()
-                with contextlib.suppress(OSError):  # (another start's folder in it since: kept)
+            with contextlib.suppress(OSError):  # (another start's folder in it since, or a folder gone: kept)
+                if {p.name for p in folder.iterdir()} <= {runs.WANDB_ID, run_lock.LOCK}:
+                    for left in folder.iterdir():
+                        left.unlink()
                     folder.rmdir()
         run_lock.release()  # (after the W&B run's end: the folder is this run's until then)
         bug = sys.exc_info()[1]
