@@ -168,8 +168,9 @@ def join_group(backend: str, timeout_seconds: float) -> None:
         dist.init_process_group(backend, rank=slurm.global_rank(), world_size=slurm.world_size(), timeout=timeout)
     atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())  # (as Lightning does)
     # every process is here within the time limit (NCCL's group is made without waiting for them all), then the
-    # group without a practical one is made at once
-    dist.destroy_process_group(dist.new_group(backend="gloo", timeout=timeout))
+    # group without a practical one is made at once; the first is kept (destroyed at once, it would close the
+    # connections that a process still making it waits on)
+    dist.new_group(backend="gloo", timeout=timeout)
     patient_group()
 
 
