@@ -1,16 +1,9 @@
-"""Writing checkpoints: each one atomically, inside its own folder.
+"""Atomic checkpoint saves: a draft beside the destination, fsync'd, then renamed over it.
 
-Lightning's ``TorchCheckpointIO`` writes through fsspec, whose local "transaction" writes a temporary file in
-the system's temp folder and then moves it. When the run folder is on another file system (scratch, NFS,
-Lustre, with /tmp local to the node) that move is a copy: a kill during it leaves a torn file as the newest
-checkpoint, node-local /tmp may be too small, and every save is written twice. Here the checkpoint is
-written to a temporary file beside its destination, flushed to the disk, and renamed over it (a rename
-within one folder is atomic on POSIX file systems, NFS and Lustre included): the destination is the old
-checkpoint or the new one, never a part. A save that fails (a full disk, a kill) leaves the old one; a
-kill leaves its draft (``.<name>.<pid>.tmp``), which ``remove_drafts`` deletes when the run starts again.
-
-Each checkpoint records when it was saved (``SAVED_AT``, seconds since the epoch): a copy (``cp -r``)
-resets the files' modification times, not that.
+Lightning's fsspec writer stages in the system temp folder and moves the file; when /tmp is on another file system
+than the run folder, that move is a copy and a kill during it leaves a torn newest checkpoint. A rename within one
+folder is atomic (NFS and Lustre too). A killed save leaves its draft, deleted by ``remove_drafts`` on restart.
+Each checkpoint records ``SAVED_AT`` because a copy (``cp -r``) resets file modification times.
 """
 
 from __future__ import annotations
@@ -28,7 +21,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 SAVED_AT = "saved_at"
 DRAFT = re.compile(r"\.(?P<name>.+)\.(?P<pid>\d+)\.tmp")  # save_atomically's draft of <name>
-# a folder fsync refused by the file system (some network and FUSE file systems): the rename is done
+# a folder fsync that some NFS and FUSE mounts refuse; the rename stands all the same
 FSYNC_REFUSED = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EBADF, errno.EACCES,
                  errno.EPERM}
 
@@ -38,9 +31,8 @@ def draft_of(path: Path) -> Path:
 
 
 def remove_drafts(folder: Path) -> list[tuple[str, int]]:
-    """Delete the drafts that killed saves left in ``folder`` (their names and sizes). Call it only where no
-    save can be under way in that folder: before a run's training starts, on the one process that writes
-    checkpoints."""
+    """Delete drafts of killed saves in ``folder``, returning their names and sizes. Call only where no save
+    can be running there: before training, on the process that writes checkpoints."""
     removed = []
     for path in folder.iterdir() if folder.is_dir() else ():
         if DRAFT.fullmatch(path.name) and path.is_file():
@@ -64,7 +56,7 @@ def save_atomically(checkpoint: dict[str, Any], path: str | os.PathLike) -> None
             os.fsync(f.fileno())
         os.replace(draft, path)
     except OSError as e:
-        draft.unlink(missing_ok=True)  # nothing half-written stays behind; the old checkpoint is untouched
+        draft.unlink(missing_ok=True)  # the old checkpoint is untouched
         raise OSError(e.errno, e.strerror, str(path)) from e  # (a write's error names no file)
     except BaseException:
         draft.unlink(missing_ok=True)
@@ -72,18 +64,16 @@ def save_atomically(checkpoint: dict[str, Any], path: str | os.PathLike) -> None
     try:
         folder = os.open(path.parent, os.O_RDONLY)
         try:
-            os.fsync(folder)  # the rename itself reaches the disk
+            os.fsync(folder)  # so the rename itself reaches the disk
         finally:
             os.close(folder)
     except OSError as e:
         if e.errno not in FSYNC_REFUSED:
             raise OSError(e.errno, e.strerror, str(path.parent)) from e
-        # the file system does not sync folders (EINVAL on some NFS and FUSE mounts): the checkpoint is in place
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint I/O plugin with ``save_atomically``, each checkpoint stamped with the time it
-    was saved (``SAVED_AT``); loading and removing are Lightning's."""
+    """Lightning's checkpoint I/O, but saving with ``save_atomically`` and stamping ``SAVED_AT``."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
         if storage_options is not None:

@@ -1,6 +1,4 @@
-"""GPUs on a cluster: GPUs allocated that torch cannot use (a driver older than torch's CUDA, a CPU build)
-stop the run with one line naming both (exit 2, vit.exits); NCCL's collective timeouts reach Python as
-errors (exit 5) instead of ending the process without a word."""
+"""GPU checks: stop early when allocated GPUs are unusable by torch; make NCCL timeouts raise in Python."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ from vit.exits import AcceleratorUnusable
 
 
 def driver_report() -> str:
-    """What the NVIDIA driver says of itself, in a few words."""
+    """A short description of the NVIDIA driver, from nvidia-smi."""
     try:
         out = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20)
     except FileNotFoundError:
@@ -30,8 +28,7 @@ def driver_report() -> str:
 
 
 def check_gpus_usable() -> None:
-    """A job given GPUs (CUDA_VISIBLE_DEVICES, SLURM's gres) where torch cannot use them stops with one line
-    (exit 2) instead of training on the CPU."""
+    """Raise AcceleratorUnusable if GPUs were allocated but torch cannot use them, rather than silently use the CPU."""
     import torch
 
     given = launch.allocated_gpus()
@@ -46,9 +43,5 @@ def check_gpus_usable() -> None:
 
 
 def nccl_errors_reach_python() -> None:
-    """NCCL's watchdog, on a collective that outlives the process group's timeout, by default ends the process
-    from its own thread (TORCH_NCCL_ASYNC_ERROR_HANDLING=3: SIGABRT, no message of ours). With 2 it aborts the
-    communicator only, and the main thread's collective raises DistBackendError, which vit.failures reads as
-    gloo's timeouts: the same one line and exit 5. Set before the process group is made; a value the
-    user set is kept."""
+    """Make NCCL timeouts raise in the main thread instead of a silent SIGABRT; call before the group is made."""
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")

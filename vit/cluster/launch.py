@@ -1,6 +1,4 @@
-"""The launcher's allocation: whether SLURM or torchrun started this process, how many processes per node
-on how many nodes it allocated, and the name its processes share for their run folder. The only module
-that reads the launchers' environment variables."""
+"""What SLURM or torchrun says about this launch, and its process group; the only reader of their variables."""
 
 from __future__ import annotations
 
@@ -14,24 +12,21 @@ from typing import Callable, TypeVar
 from vit.exits import BadInput, ConfigError, LostProcesses, Stopped, status_of
 
 T = TypeVar("T")
-MAX_REQUEUES = 20  # an array task's requeues before it says how to continue instead (as train.sbatch's default)
-REQUEUER = "VIT_REQUEUER"  # what requeues this job when its run stops on SIGUSR1: set by the script that runs it
-# The batch shell of a job lives through a SIGUSR1 sent to it too (`scancel --full`, `--signal=B:...`): without a
-# trap bash dies of it (exit 138), and the job ends FAILED while its run, which got the signal from its step,
-# stops where it resumes. The trap does nothing itself; srun's step, which SLURM signals, stops the run.
+MAX_REQUEUES = 20  # per array task, as train.sbatch's default
+REQUEUER = "VIT_REQUEUER"  # set by the job script: what requeues the job when its run stops on SIGUSR1
+# SIGUSR1 may reach the batch shell too (`scancel --full`, `--signal=B:...`); untrapped, bash dies (exit 138) and
+# the job ends FAILED instead of requeueing. The run itself is stopped through its srun step.
 SHELL_TRAP = "trap : USR1  # the run stops on it; this shell stays to requeue the job"
 
 
 def requeuer() -> str | None:
-    """What requeues this job when its run stops where it resumes (exit 4), as the job's script says
-    (train.sbatch, a plan's job array); None: nothing said so."""
+    """What requeues this job when its run stops to resume (exit 4), as the job script says; else None."""
     return os.environ.get(REQUEUER) or None
 
 
 def array_script(name: str, commands: list[str]) -> str:
-    """The body of a SLURM job array's script (``vit-plan submit``): task i runs ``commands[i]`` (a bash
-    command line) as one step (srun), which gets SIGUSR1 before a time limit or a preemption; a run that
-    stopped there (exit 4) requeues its task, which continues it."""
+    """A SLURM job array script (``vit-plan submit``): task i runs ``commands[i]`` as one srun step and
+    requeues itself when its run stopped on SIGUSR1 (exit 4)."""
     arms = "\n".join(f"  {i}) {command} ;;" for i, command in enumerate(commands))
     return f"""set -euo pipefail
 {SHELL_TRAP}
@@ -55,8 +50,7 @@ exit "$status"
 
 
 def slurm_job() -> str | None:
-    """The id of the SLURM batch job this process is a task of (Lightning's own test: srun's
-    SLURM_NTASKS, not an interactive allocation), whatever its number of tasks; else None."""
+    """This process's SLURM batch job id (``<job>_<task>`` in an array); None outside one or when interactive."""
     env = os.environ
     if "SLURM_NTASKS" not in env or env.get("SLURM_JOB_NAME") in ("bash", "interactive"):
         return None
@@ -66,35 +60,30 @@ def slurm_job() -> str | None:
 
 
 def under_torchrun() -> bool:
-    """Whether torchrun started this process, inside a SLURM job too: then torchrun's processes are the run's,
-    not SLURM's tasks (as Lightning has it)."""
+    """Whether torchrun started this process; inside a SLURM job, torchrun's processes win (as in Lightning)."""
     return all(k in os.environ for k in ("TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE", "GROUP_RANK"))
 
 
 def torchrun_id() -> str | None:
-    """The rendezvous id of the torchrun launch this process belongs to (None without one: torchrun's "none")."""
+    """This torchrun's rendezvous id; None without torchrun or with its default "none"."""
     return os.environ["TORCHELASTIC_RUN_ID"] if under_torchrun() and os.environ["TORCHELASTIC_RUN_ID"] != "none" \
         else None
 
 
 def attempt() -> str:
-    """The launcher's restart count of this launch ("0" at its first start; a requeued SLURM job counts up, and
-    torchrun's restarts inside one count after a dot: "1.2")."""
+    """The launcher's restart count: "0" at first; SLURM requeues count up, torchrun restarts after a dot ("1.2")."""
     slurm, elastic = (os.environ.get(key) or "0" for key in ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"))
     return slurm if elastic == "0" else f"{slurm}.{elastic}"
 
 
 def launch_name() -> str | None:
-    """The name of this launch that each of its attempts shares, and its run folder's: a SLURM job's
-    (one task or many) or a torchrun's rendezvous id, so that a requeued or restarted launch finds its run and
-    never another's; None for any other launch (process 0 names a new folder)."""
+    """``slurm-<job>`` or ``torchrun-<id>``, shared by all attempts so a requeued launch finds its run; else None."""
     job, rdzv = slurm_job(), torchrun_id()
     return f"slurm-{job}" if job else f"torchrun-{rdzv}" if rdzv else None
 
 
 def allocation() -> tuple[int, int] | None:
-    """(processes per node, nodes) as the launcher allocated them — a SLURM job's tasks, torchrun's
-    --nproc-per-node and --nnodes — or None when no launcher started this process."""
+    """(processes per node, nodes) as SLURM or torchrun allocated them; None without a launcher."""
     env = os.environ
     if under_torchrun():
         per_node = int(env["LOCAL_WORLD_SIZE"])
@@ -106,9 +95,7 @@ def allocation() -> tuple[int, int] | None:
 
 
 def processes() -> int:
-    """How many processes run this command together, as the launcher says (1 without one): torchrun's WORLD_SIZE
-    (inside a SLURM job too); else any launcher's, srun's tasks of this step (in an interactive allocation too),
-    or a SLURM batch job's tasks."""
+    """How many processes run this command together, per the launcher (1 without one; torchrun wins in SLURM)."""
     env = os.environ
     said = [env.get("WORLD_SIZE")] if under_torchrun() else \
         [env.get("WORLD_SIZE"), env.get("SLURM_STEP_NUM_TASKS"), slurm_job() and env.get("SLURM_NTASKS")]
@@ -116,8 +103,7 @@ def processes() -> int:
 
 
 def allocated_gpus() -> str | None:
-    """The GPUs this process was given, as the variable that says so (``CUDA_VISIBLE_DEVICES=0,1``, SLURM's
-    gres), or None when none was."""
+    """The variable that gives this process its GPUs, e.g. ``CUDA_VISIBLE_DEVICES=0,1``; None if none does."""
     env = os.environ
     for key in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE"):
         value = env.get(key, "").strip()
@@ -127,17 +113,10 @@ def allocated_gpus() -> str | None:
 
 
 def join_group(backend: str, timeout_seconds: float) -> None:
-    """Where a launcher started the processes (torchrun, SLURM, or any that sets RANK, LOCAL_RANK, WORLD_SIZE,
-    MASTER_ADDR and MASTER_PORT), make the default process group here, as Lightning would make it, before the run's folder and
-    checkpoint are decided: process 0 decides them and hands them to the others through it
-    (vit.cluster.runs.open_for_fit). Lightning then uses the group it finds. A WORLD_SIZE over 1 with no way to
-    reach the others is refused in one line.
-
-    ``torchrun --max-restarts`` restarts the group against the same store, its agent's. Each worker writes its
-    address into that store; torch 2.14 keys them the same in every attempt, so a restarted worker can read the
-    address of a worker of the previous attempt and fail to connect (gloo: "Connection refused" to a dead
-    worker's port; reproduced with a 10-line torch script, no Lightning). A ``PrefixStore`` named after
-    torchrun's attempt keeps the attempts apart."""
+    """Make the default process group, as Lightning would, before the run folder is decided: process 0 hands its
+    decision over it (runs.open_for_fit). All ``torchrun --max-restarts`` attempts share the agent's store and
+    torch 2.14 keys worker addresses alike in each, so a restarted worker may dial a dead one ("Connection
+    refused"); a per-attempt ``PrefixStore`` keeps attempts apart."""
     import atexit
 
     import torch.distributed as dist
@@ -154,30 +133,27 @@ def join_group(backend: str, timeout_seconds: float) -> None:
             dist.init_process_group(backend, store=store, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
                                     timeout=timeout)
         elif all(key in env for key in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")):
-            dist.init_process_group(backend, timeout=timeout)  # (each torchrun attempt's rank 0 hosts a new store)
+            dist.init_process_group(backend, timeout=timeout)  # (each attempt's rank 0 hosts a new store)
         else:
             raise ConfigError(f"WORLD_SIZE is {env['WORLD_SIZE']} but RANK, LOCAL_RANK, MASTER_ADDR or MASTER_PORT is "
                               f"not set: start the processes with torchrun or srun")
     else:
         from lightning.pytorch.plugins.environments import SLURMEnvironment
 
-        slurm = SLURMEnvironment()  # (its address and port, as Lightning's own group under SLURM takes them)
+        slurm = SLURMEnvironment()  # (the address and port Lightning uses under SLURM)
         if slurm.world_size() < 2:
             return
         env["MASTER_ADDR"], env["MASTER_PORT"] = slurm.main_address, str(slurm.main_port)
         dist.init_process_group(backend, rank=slurm.global_rank(), world_size=slurm.world_size(), timeout=timeout)
     atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())  # (as Lightning does)
-    # every process is here within the time limit (NCCL's group is made without waiting for them all), then the
-    # group without a practical one is made at once; the first is kept (destroyed at once, it would close the
-    # connections that a process still making it waits on)
+    # all processes meet within the time limit (NCCL's init does not wait for all) before the patient group is
+    # made; kept, since destroying it would close connections a slower process is still opening
     dist.new_group(backend="gloo", timeout=timeout)
     patient_group()
 
 
 def peers_store():
-    """A client of the store the process group was made with (its host: MASTER_ADDR, MASTER_PORT, as every
-    launcher sets them), for what the processes tell each other outside collectives (Watchdog); None without
-    a process group. Keys are per torchrun attempt (its agent's store outlives an attempt)."""
+    """A client of the process group's store for messages outside collectives (Watchdog), keyed per attempt."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -194,8 +170,7 @@ def peers_store():
 
 
 def apply_allocation(trainer) -> None:
-    """Under SLURM or torchrun the processes exist already: devices and nodes are the allocation's,
-    whatever the recipe says (one line says what it overrode)."""
+    """Under SLURM or torchrun, set the Trainer's devices and nodes to the allocation, whatever the recipe says."""
     allocated = allocation()
     if allocated is None:
         return
@@ -213,10 +188,8 @@ def apply_allocation(trainer) -> None:
 
 
 def parallelism(trainer: dict, ddp_timeout: float) -> dict:
-    """The Trainer's strategy and plugins for this launch: DDP with ``ddp_timeout`` seconds on its process
-    group where more than one process trains, whose steps issue no collective but the gradients' all-reduce;
-    checkpoints written atomically (vit.cluster.checkpoint_io); under SLURM, Lightning's own preemption handler off
-    (it deadlocks DDP: vit.training.guards.StopOnSignal handles SIGUSR1)."""
+    """The Trainer's strategy and plugins: DDP with ``ddp_timeout`` when several processes train, atomic
+    checkpoints, and under SLURM Lightning's requeue handler off (it deadlocks DDP; StopOnSignal handles SIGUSR1)."""
     from datetime import timedelta
 
     from lightning.pytorch.plugins.environments import SLURMEnvironment
@@ -231,8 +204,7 @@ def parallelism(trainer: dict, ddp_timeout: float) -> dict:
     if strategy == "ddp" or (strategy == "auto" and count * nodes > 1):
         from lightning.pytorch.strategies import DDPStrategy
 
-        # broadcast_buffers off: the model's buffers (the normalisation's mean and std) never change, and DDP would
-        # broadcast them from rank zero before every forward, a collective in every step
+        # the buffers (normalisation mean and std) never change: no broadcast of them before every forward
         kwargs["strategy"] = DDPStrategy(timeout=timedelta(seconds=ddp_timeout), broadcast_buffers=False)
     plugins = trainer.get("plugins") or []
     kwargs["plugins"] = [*(plugins if isinstance(plugins, list) else [plugins]), AtomicCheckpointIO(),
@@ -241,19 +213,16 @@ def parallelism(trainer: dict, ddp_timeout: float) -> dict:
 
 
 def from_process_zero(make: Callable[[], T], what: str) -> T:
-    """``make()`` run by process 0 only, its result (or its BadInput error) given to every process. One
-    broadcast, on ``patient_group``: the others wait for as long as process 0 works (it checks a folder's
-    images, say), and say so once a minute (waiting for process 0's ``what``). Process 0 failing otherwise ends
-    them with a line naming its error (exit 5) before it raises that error itself; a process gone ends the
-    others at once (its connections close), never a silent hang."""
+    """Run ``make()`` on process 0 only and give its result (or BadInput/Stopped) to every process. The others
+    wait on ``patient_group`` as long as process 0 works, logging once a minute; any other failure of process 0
+    ends them with a line naming it (exit 5), and a process that dies ends the others at once."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
         return make()
     box: list = [None]
     rank, world = dist.get_rank(), dist.get_world_size()
-    # a long wait is said once a minute, by process 1 for all the others (process 0 says what it does: its
-    # index read, or every image checked), so that a job's one log gets one line a minute
+    # process 1 speaks for all waiting processes: one line a minute in the job's log
     others = "process 1" if world == 2 else f"processes 1 to {world - 1}"
     waiting = _Every(60.0, f"{others}: still waiting for process 0's {what}") if rank == 1 else None
     failed = None
@@ -262,7 +231,7 @@ def from_process_zero(make: Callable[[], T], what: str) -> T:
         if rank == 0:
             try:
                 box[0] = make()
-            except (BadInput, Stopped) as e:  # (a bad input, or SIGUSR1 before training: every process's)
+            except (BadInput, Stopped) as e:  # (a bad input or an early SIGUSR1: every process raises it)
                 box[0] = e
             except Exception as e:  # noqa: BLE001 - raised again below, once the others know it
                 failed, first = e, (str(e).splitlines() or [""])[0]
@@ -279,15 +248,13 @@ def from_process_zero(make: Callable[[], T], what: str) -> T:
     return box[0]
 
 
-_patient: list = []  # (the process group, patient_group's group of it)
+_patient: list = []  # [the process group, its patient group]
 
 
 def patient_group():
-    """A gloo group of every process without a practical time limit (as Lightning's prepare_data barrier), for
-    ``from_process_zero``; made once, with the process group (``join_group``; else at the first
-    ``from_process_zero``, which every process calls in the same order). Its connections are made while every
-    process is there, so that a broadcast on it ends at once when one has ended since (a group made later would
-    wait for that one to join it)."""
+    """A gloo group of all processes with no practical time limit, for ``from_process_zero``. Made once per
+    process group, while every process is there (every process calls this in the same order), so a broadcast
+    on it fails at once if one has ended since; a group made later would wait for it to join."""
     import torch.distributed as dist
 
     if not _patient or _patient[0] is not dist.group.WORLD:
@@ -296,7 +263,7 @@ def patient_group():
 
 
 class _Every:
-    """``line`` on stderr every ``seconds`` from a daemon thread, with the minutes waited, until stop()."""
+    """Print ``line`` with the minutes waited to stderr every ``seconds`` until stop()."""
 
     def __init__(self, seconds: float, line: str):
         self.seconds, self.line, self.done = seconds, line, threading.Event()

@@ -1,6 +1,4 @@
-"""Whether a server answers from here (the W&B server, a dataset's mirror), asked through the environment's
-proxies (https_proxy, no_proxy) and trusting its CA bundles, within a bounded time: a compute node without a
-route out is told at once, not after a library's own minutes of retries."""
+"""Bounded-time reachability checks, so a node without network fails fast instead of after minutes of retries."""
 
 from __future__ import annotations
 
@@ -9,10 +7,7 @@ import threading
 
 
 def ca_context():
-    """A TLS context that trusts what wandb's HTTP clients trust: the system's certificates or SSL_CERT_FILE /
-    SSL_CERT_DIR (OpenSSL's variables, which wandb's uploader, wandb-core, reads too), and the bundle of
-    REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE (read by requests, wandb's Python client). A variable that names no
-    file or folder raises OSError naming it."""
+    """A TLS context trusting what wandb trusts: system CAs, SSL_CERT_*, and REQUESTS_CA_BUNDLE/CURL_CA_BUNDLE."""
     import ssl
 
     context = ssl.create_default_context()
@@ -31,11 +26,8 @@ def ca_context():
 
 
 def unreachable(url: str, timeout: float, data: bytes | None = None, accept=None) -> str | None:
-    """Why ``url`` cannot be reached from here ("did not answer within ...", "cannot be reached (...)",
-    "answered HTTP 407 ..."), or None when it answers within ``timeout`` seconds. ``data``: POSTed as JSON;
-    ``accept(status, body)``: whether an answer is the server's own (default: any HTTP answer is). Proxies
-    (https_proxy, no_proxy) and CA bundles (``ca_context``) are those of the environment. DNS, connect and
-    the answer together are bounded: the probe runs in a thread that is left behind when it takes longer."""
+    """Why ``url`` cannot be reached, or None if it answers within ``timeout`` seconds (DNS and connect included).
+    ``data`` is POSTed as JSON; ``accept(status, body)`` says whether an answer is the server's own, not a proxy's."""
     import urllib.error
     import urllib.request
 
@@ -46,13 +38,13 @@ def unreachable(url: str, timeout: float, data: bytes | None = None, accept=None
         try:
             with urllib.request.urlopen(request, timeout=timeout, context=ca_context()) as answer:
                 status, body = answer.status, answer.read(65536)
-        except urllib.error.HTTPError as e:  # the server (or what stands in its way) answered
+        except urllib.error.HTTPError as e:  # the server, or a proxy in front of it, answered
             status, body = e.code, b""
             try:
                 body = e.read(65536) if e.fp else b""
-            except OSError:  # (an answer cut short: its status still says who answered)
+            except OSError:  # truncated body: the status is still usable
                 pass
-        except OSError as e:  # URLError, a refused or reset connection, a timeout, TLS, a CA bundle: no route there
+        except OSError as e:  # URLError, refused/reset connection, timeout, TLS or CA error
             failed.append(f"cannot be reached ({getattr(e, 'reason', e)})")
             return
         if accept is not None and not accept(status, body):

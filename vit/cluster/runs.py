@@ -1,11 +1,6 @@
-"""Run folders: everything one training run writes — checkpoints, W&B files, metrics, the resolved
-config, the bad-file list, figures — lives in one folder, ``<root>/version_N`` (as Lightning's
-loggers number theirs). A new run claims the next version; a resumed run keeps its folder.
+"""Run folders: all a training run writes lives in ``<root>/version_N`` or in a folder named after its launch.
 
-Process 0 of a launch decides the folder and the checkpoint it resumes from, once (``open_for_fit``), and
-hands them on; a launch that SLURM or torchrun started names its folder after itself (``slurm-<job id>``,
-``torchrun-<run id>``), so a requeued job continues in its folder.
-"""
+A launch's name (``slurm-<job>``, ``torchrun-<id>``) lets a requeued job continue its run; see ``open_for_fit``."""
 
 from __future__ import annotations
 
@@ -19,32 +14,26 @@ from vit.cluster.launch import attempt, launch_name
 CHECKPOINTS = "checkpoints"
 WANDB_ID = "wandb_id"
 LAST = "last.ckpt"  # at each epoch's end
-STEP = "step.ckpt"  # mid-epoch: every few minutes of training (base.yaml), and where a preempted job stopped
+STEP = "step.ckpt"  # mid-epoch, every few minutes, and where a preempted job stopped
 ENV = "VIT_RUN_DIR"
 RUNS = "VIT_RUNS"
 RESUMES = "VIT_RESUMES"  # the checkpoint the process that set ENV resumes from ("": none), for those it starts
 
 
 def runs_folder() -> Path:
-    """The folder that holds the runs by default: ``VIT_RUNS`` (a scratch folder, say), else ``runs`` in the
-    working folder. vit-train's runs go to ``<it>/<recipe>/`` (unless --trainer.default_root_dir names a
-    root), vit-plan's and vit-figures' to ``<it>/<plan>/`` and ``<it>/figures/`` (unless --runs names a
-    folder), and vit-sync searches it."""
+    """The default parent of all runs: ``$VIT_RUNS``, else ``./runs``."""
     return Path(os.environ.get(RUNS) or "runs")
 
 
 def wandb_id(run: Path, known: str | None = None) -> str:
-    """The W&B run id of this run folder: fixed the first time it is asked for (``known``: the id an older
-    checkpoint carries, else a new random one) and kept in ``<run>/wandb_id``, so that every attempt —
-    a resume, a requeued job preempted before any checkpoint, each process of a job — logs to one W&B run.
-    Atomic: processes asking at once all read the one id that was written first."""
+    """The run folder's W&B run id, fixed on first call (``known``, else random) and kept in ``<run>/wandb_id`` so
+    that every attempt and process logs to one W&B run, even one preempted before any checkpoint. Race-safe."""
     import secrets
 
     path = run / WANDB_ID
     if not path.is_file():
         draft = run / f".{WANDB_ID}.{os.getpid()}.{secrets.token_hex(4)}"
-        # a new id starts with a letter, so that config.yaml's readers take it back as a string (an id of
-        # hex digits such as 65e28918 read back as a float: vit-report failed on 1 run in about 25)
+        # starts with a letter: an id like 65e28918 reads back from config.yaml as a float
         new = secrets.choice("abcdfghijklmnopqrstuvwxyz") + secrets.token_hex(4)
         draft.write_text((known or new) + "\n")
         try:
@@ -57,16 +46,12 @@ def wandb_id(run: Path, known: str | None = None) -> str:
 
 
 def sweep_run_id() -> str | None:
-    """The W&B run id a W&B sweep's agent gave the run it started (WANDB_RUN_ID beside WANDB_SWEEP_ID), else
-    None: that run's folder keeps it (``wandb_id``), and its WandbLogger leaves the id to W&B."""
+    """The W&B run id a sweep agent assigned (WANDB_RUN_ID with WANDB_SWEEP_ID set), else None."""
     return os.environ.get("WANDB_RUN_ID") or None if os.environ.get("WANDB_SWEEP_ID") else None
 
 
 def saved_step(path: Path) -> tuple[int, float | None] | None:
-    """(optimizer steps, the time it was saved when it records one) of a checkpoint, read lazily: torch.load
-    with ``mmap`` reads the file's pickle and maps its tensors without reading them, so the cost does not
-    grow with the size of the weights. None when reading fails (a torn or corrupt file, which
-    ``read_checkpoint`` then names) or the file holds no step."""
+    """(global step, ``SAVED_AT`` or None) of a checkpoint; None if unreadable. ``mmap`` keeps it cheap."""
     import torch
 
     from vit.cluster.checkpoint_io import SAVED_AT
@@ -86,22 +71,16 @@ def saved_step(path: Path) -> tuple[int, float | None] | None:
 
 
 def recency(path: Path, known: tuple[int, float | None] | None = None) -> tuple[int, float]:
-    """How recently a checkpoint was saved, as a key that sorts the newest last: (1, the time it records,
-    ``saved_at``), which a copy (``cp -r``) keeps; else (0, its file's modification time), for a file that records
-    no time (written by another tool or an older version): a copy renews that time, so such a file never
-    outranks one that records its own. ``known``: its ``saved_step``, when read already."""
+    """Sort key, newest last: (1, its recorded ``SAVED_AT``), else (0, file mtime). A copy renews mtimes, so a
+    file without a recorded time never outranks one with it. ``known``: its ``saved_step`` if read already."""
     known = known if known is not None else saved_step(path)
     return (1, known[1]) if known and known[1] is not None else (0, path.stat().st_mtime)
 
 
 def checkpoints(run: Path) -> list[Path]:
-    """The run's checkpoints (last.ckpt at each epoch's end, step.ckpt mid-epoch, the best ones), the newest
-    first (``recency``): by the time each records it was saved, so that a run restarted from an earlier
-    checkpoint in its folder goes on along its new branch, even while files of the abandoned one hold more
-    steps; the files that record no time after all those that do, by their modification times. At equal times
-    step.ckpt and last.ckpt come before the best ones. A file whose step cannot be read comes first: each was
-    written whole or not at all (vit.cluster.checkpoint_io), but a file copied, restored or written by another tool may
-    still be torn, and ``newest_readable`` skips it and names it."""
+    """The run's checkpoints, newest first by save time (``recency``), not step: a run restarted from an earlier
+    checkpoint follows its new branch. At equal times last.ckpt, then step.ckpt, then the rest. Unreadable files
+    (a copied file may be torn) come first, so that ``newest_readable`` names them as it skips them."""
     folder = run / CHECKPOINTS
     found = [p for p in folder.glob("*.ckpt") if p.is_file()] if folder.is_dir() else []
     steps = {p: saved_step(p) for p in found}
@@ -121,10 +100,8 @@ def last_checkpoint(run: Path) -> Path | None:
 
 
 def best_checkpoint(run: Path) -> Path | None:
-    """The run's best checkpoint, as its ModelCheckpoint that monitors a metric recorded it (``best_model_path``
-    in the callbacks' state of the newest checkpoint that reads), found in the run's own checkpoints folder (a
-    copied run's records name the folder it was written in); the newest checkpoint when no callback monitors
-    one; None when the run has none. RunError when the recorded file is gone."""
+    """The best checkpoint that a monitoring ModelCheckpoint recorded in the newest readable one (else the newest),
+    looked up in this run's folder: a copied run's record names the old one. None if none; RunError if it is gone."""
     found = newest_readable(run)
     if found is None:
         return None
@@ -142,9 +119,7 @@ def best_checkpoint(run: Path) -> Path | None:
 
 
 def newest_readable(run: Path) -> tuple[Path, dict, str] | None:
-    """(path, checkpoint, a line naming each file before it skipped and why, or "") of the first checkpoint
-    of ``checkpoints`` (the newest) that reads; None when the run has none; RunError when it has some
-    and none reads."""
+    """(path, contents, skip note) of the newest readable checkpoint; None if none exist; RunError if none reads."""
     skipped = []
     for path in checkpoints(run):
         try:
@@ -158,8 +133,7 @@ def newest_readable(run: Path) -> tuple[Path, dict, str] | None:
 
 
 def newest_run(root: Path) -> Path | None:
-    """The run under ``root`` whose latest checkpoint was saved last (``recency``: by the time each checkpoint
-    records, which a copy of the runs (``cp -r``) keeps, where it renews the files' modification times)."""
+    """The run under ``root`` whose newest checkpoint was saved last (``recency``)."""
     latest = {}
     for run in root.iterdir() if root.is_dir() else ():
         found = [p for p in (run / CHECKPOINTS).glob("*.ckpt") if p.is_file()] if run.is_dir() else []
@@ -186,21 +160,16 @@ def claim_new_version(root: Path) -> Path:
     n = max(taken, default=-1) + 1
     while True:
         try:
-            (root / f"version_{n}").mkdir(parents=True)  # (a refused start may have removed an empty root since)
+            (root / f"version_{n}").mkdir(parents=True)  # (a refused start may have removed an empty root)
             return root / f"version_{n}"
         except FileExistsError:
             n += 1
 
 
 def resolve(root: Path, ckpt_path: str | None, name: str | None) -> tuple[Path, str | None, str]:
-    """(run folder, one line to print or None, how it was found: "" or " (the newest run under ROOT)") for a
-    ``fit``; with ``ckpt_path`` "last" the checkpoint is chosen once the folder is held (``decide``), and a
-    line naming it replaces the first.
-
-    ``ckpt_path``: None (a new run), "last" (the newest readable checkpoint of the newest run of ``root``, or
-    of the run ``name``), or a file (its own run folder when it sits in one). ``name``: a run folder
-    under ``root`` chosen by the user.
-    """
+    """(run folder, line to print or None, "" or " (the newest run under ROOT)") for a fit. ``ckpt_path``: None
+    (new run), "last" (the newest run, or run ``name``; ``decide`` picks the checkpoint once the folder is held),
+    or a file (its own run folder if it sits in one). ``name``: a run folder under ``root`` chosen by the user."""
     fixed = name or launch_name()
     if ckpt_path and ckpt_path != "last":
         ckpt = Path(ckpt_path)
@@ -224,8 +193,7 @@ def resolve(root: Path, ckpt_path: str | None, name: str | None) -> tuple[Path, 
 
 
 def own_newest(run: Path) -> bool:
-    """Whether the newest checkpoint of ``run`` that reads was written by this launch (a SLURM job, whichever its
-    attempt: ``vit.launch``), not by another job or branch of the run."""
+    """Whether this launch (any attempt) wrote the newest readable checkpoint of ``run``."""
     try:
         found = newest_readable(run)
     except RunError:
@@ -235,9 +203,7 @@ def own_newest(run: Path) -> bool:
 
 
 def place_outputs(cfg, run: Path, known_wandb_id: str | None) -> None:
-    """Point the Trainer, every logger and every checkpoint callback without a folder at ``run``; W&B
-    logs to the run folder's own W&B run (vit.cluster.runs.wandb_id), whichever attempt this is (a W&B sweep's run:
-    the one its agent named)."""
+    """Point the Trainer, loggers and folderless checkpoint callbacks at ``run``; W&B at its ``wandb_id``."""
     cfg.trainer.default_root_dir = str(run)
     loggers = cfg.trainer.logger
     for logger in loggers if isinstance(loggers, list) else [loggers]:
@@ -257,11 +223,9 @@ def place_outputs(cfg, run: Path, known_wandb_id: str | None) -> None:
 
 def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data: dict,
                  claimed: list[Path]) -> tuple[Path, tuple[Path, dict] | None]:
-    """The run folder a fit writes into, and the checkpoint it resumes from with its contents (None: a new run),
-    decided once, by process 0 alone (``decide``), and handed to the others: through the process group where a
-    launcher started them (SLURM, torchrun: vit.cluster.launch.join_group made it), through the environment
-    where Lightning's launcher starts them after process 0 decided (``ENV``, ``RESUMES``). A refusal of process
-    0's is every process's."""
+    """The fit's run folder and resume checkpoint (path, contents; None: new run), decided once by process 0
+    (``decide``) and handed on: over the process group when a launcher started the processes (launch.join_group),
+    through ``ENV``/``RESUMES`` when Lightning spawns them afterwards. Process 0's refusal is every process's."""
     from vit.cluster.launch import from_process_zero
     from vit.models.checkpoints import module_key
 
@@ -281,19 +245,15 @@ def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict
 
 
 def what_the_others_read(ckpt: dict, data_key: str) -> dict:
-    """Of a checkpoint, what the other processes read before Lightning loads it on each of them (its metadata, the
-    data module's position, the loops), handed to them: no weights (a callback's averaged weights neither)."""
+    """What other processes need of a checkpoint before Lightning loads it: metadata, data position, no weights."""
     return {key: ckpt[key] for key in ("vit", "loops", "global_step", data_key) if key in ckpt}
 
 
 def decide(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data: dict,
            claimed: list[Path]) -> tuple[Path, tuple[Path, dict] | None]:
-    """Process 0's decision (``open_for_fit``): the run folder (``resolve``), held for this launch
-    (vit.cluster.run_lock), and the checkpoint it resumes from with its contents, checked (it fits ``arch``, its
-    fields are as written, its split is the command line's ``data``'s) before any work. A requeued or restarted
-    launch (attempt past 0) continues from its own folder's newest checkpoint, whatever ``ckpt_path`` its first
-    attempt started from. The folders this call creates are appended to ``claimed``. Then the drafts of saves killed
-    in an earlier attempt are deleted: no other launch trains here and this one has not begun."""
+    """Process 0's decision: the run folder, locked (run_lock), and the resume checkpoint, checked against ``arch``
+    and ``data``; created folders go into ``claimed``. A later attempt resumes from its own newest checkpoint,
+    whatever ``ckpt_path`` said. Drafts of killed saves are deleted last: no save can be running yet."""
     from lightning.pytorch.utilities import rank_zero_info
 
     from vit.cluster import run_lock
@@ -306,7 +266,7 @@ def decide(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data
                        f"which it wrote; --ckpt_path {ckpt_path} is where its first attempt started")
         ckpt_path = "last"
     resume = None
-    if ckpt_path not in (None, "last"):  # (a file: checked before any folder is named, taken or made)
+    if ckpt_path not in (None, "last"):  # (checked before any folder is named, locked or made)
         resume = (Path(ckpt_path), read_checkpoint(ckpt_path))
         check_checkpoint(resume[1], ckpt_path, data, arch)
     claimed += to_make(root)

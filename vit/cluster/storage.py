@@ -1,5 +1,4 @@
-"""A full disk or an exceeded quota where a run writes (ENOSPC, EDQUOT): not a bug. One line names the path,
-the run's last good checkpoint and the command that resumes (exit 6, vit.exits)."""
+"""Full disk or exceeded quota (ENOSPC, EDQUOT): one line with the path, last good checkpoint and resume command."""
 
 from __future__ import annotations
 
@@ -17,9 +16,7 @@ def storage_full(error: OSError) -> bool:
 
 
 def resume_command(argv: list[str], run: Path) -> str:
-    """The command that continues ``run``: this command line with --ckpt_path last --run <run>; in a SLURM job,
-    the sbatch line (train.sbatch says --ckpt_path last itself; --run names this job's folder, which a new
-    job would not resume otherwise)."""
+    """The command line that resumes ``run``; under SLURM an sbatch line (train.sbatch adds --ckpt_path last)."""
     kept, skip = [], False
     for arg in argv:
         if skip:
@@ -34,7 +31,7 @@ def resume_command(argv: list[str], run: Path) -> str:
 
 
 def storage_message(error: OSError, run: Path | None, argv: list[str]) -> str:
-    """One line: which path, why, the run's last good checkpoint and the command that resumes."""
+    """One line: the path, the cause, the run's last good checkpoint and the command that resumes."""
     from vit.cluster import runs
     from vit.exits import RunError
 

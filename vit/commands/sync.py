@@ -61,8 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def still(trainer: dict) -> str:
-    """Who trains a run, and what to do: trains as pid 12 on node7 (SLURM job 45), since ..., heartbeat 20 s ago;
-    run vit-sync again once it has ended."""
+    """Who trains a run, and that vit-sync should be run again once it has ended."""
     from vit.cluster.run_lock import describe, heartbeat_age
 
     age = heartbeat_age(trainer)
@@ -75,7 +74,7 @@ def plural(n: int, noun: str) -> str:
 
 
 def shown(folder: Path) -> str:
-    """A run's folder relative to the working folder where it is under it (as the user gave it), else whole."""
+    """A run's folder relative to the working folder if it is inside it, else absolute."""
     try:
         return str(folder.relative_to(Path.cwd().resolve()))
     except ValueError:

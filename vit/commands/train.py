@@ -3,8 +3,7 @@
     vit-train [fit] [--config RECIPE ...] [--section.field VALUE ...]   train (the default)
     vit-train test --ckpt_path CKPT [--data... ]                          evaluate a checkpoint
 
-A recipe is a name (see --help for the list) or a YAML path; recipes are deltas over the default one.
-Exit statuses: vit.exits (shown by --help).
+A recipe is a name (see --help) or a YAML path, applied over the default recipe.
 """
 
 from __future__ import annotations
@@ -46,26 +45,24 @@ from vit.data.resume import StepEndTimer, check_global_batch, check_validation_i
 MODES = ("fit", "test")
 
 def quiet_third_party() -> None:
-    """Third-party noise every run printed, filtered narrowly (message and module); set by the command when it
-    runs, never by an import."""
+    """Filter known third-party warnings narrowly; called when the command runs, never on import."""
     warnings.filterwarnings("ignore", message=r".*`isinstance\(treespec, LeafSpec\)` is deprecated", module="lightning")
     warnings.filterwarnings("ignore", message=r".*pkg_resources is deprecated", category=UserWarning)
     warnings.filterwarnings("ignore", message=r".*when using `ckpt_path`, callbacks used to create the checkpoint")
     warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty", module="lightning")  # a resume
     warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system but is not used")  # a login node
     warnings.filterwarnings("ignore", message=r"Encountered `nan` values in tensor", module="torchmetrics")  # exit 3 says it
-    # vit.data.resume restores the train loader's position itself (Lightning restores stateful loaders too late for us)
+    # we restore the train loader's position ourselves (Lightning does it too late)
     warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch ended")
     quiet_lightning()
 
 
 class HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """jsonargparse's help, with the exit table's lines kept as written."""
+    """jsonargparse's help, keeping the exit table's line breaks."""
 
 
 class RecipeFile(ActionConfigFile):
-    """--config NAME|PATH|{...}: a recipe of vit.configs by name, any YAML or JSON file, or settings written
-    out as one mapping (W&B's sweep agent's ${args_json}: '{"model.optimizer.lr": 0.001, ...}')."""
+    """--config: a recipe name, a YAML/JSON file, or settings as one JSON mapping (W&B sweeps' ${args_json})."""
 
     def __call__(self, parser, cfg, values, option_string=None):
         if configs.is_settings(values):
@@ -81,12 +78,10 @@ PARSER_MODE = "python_or_yaml"
 
 
 def read_value(text: str):
-    """A value of the command line or of a config file: a Python literal when it is one that YAML reads
-    otherwise (None, and lists, tuples or dicts: what W&B's sweep agent writes, str() of each value), else
-    YAML, as jsonargparse reads it. So --model.ema_decay=None is null, as in Python (a string option given
-    'None' in quotes keeps the string); every other value means what it means in YAML."""
+    """Parse an option value as YAML, but None and list/tuple/dict Python literals as Python: W&B's sweep agent
+    passes str() of each value, so --model.ema_decay=None must mean null."""
     value = ""  # not a Python literal
-    if text.strip() == "None" or text.lstrip().startswith(("[", "(", "{")):  # (not 0,1: YAML's string)
+    if text.strip() == "None" or text.lstrip().startswith(("[", "(", "{")):  # (0,1 stays YAML's string)
         try:
             value = ast.literal_eval(text)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
@@ -97,7 +92,7 @@ def read_value(text: str):
 
 
 def as_yaml_types(value):
-    """Tuples as lists, the types jsonargparse's loaders give."""
+    """Tuples as lists, as jsonargparse's loaders return them."""
     if isinstance(value, (list, tuple)):
         return [as_yaml_types(v) for v in value]
     if isinstance(value, dict):
@@ -117,8 +112,7 @@ def yaml_model_options(path: Path) -> dict:
 
 
 def settings_model_options(value: str) -> dict:
-    """The model options of settings given to --config as one mapping or a JSON file (W&B's ${args_json},
-    ${args_json_file}): ``{"model.lr": 0.001}`` or ``{"model": {"lr": 0.001}}`` as ``{"lr": 0.001}``."""
+    """The model options in --config settings (JSON text or file), as one dict without "model." prefixes."""
     import json
 
     try:
@@ -133,8 +127,7 @@ def settings_model_options(value: str) -> dict:
 
 
 def refuse_old_options(options: dict, where: str = "") -> None:
-    """Model options of an earlier version (flat, or since removed), on the command line or in a recipe: one
-    line that says where each is now, or why it left (vit.models.checkpoints.old_option)."""
+    """Raise ConfigError for model options of an earlier version, saying where each moved or why it was removed."""
     said = [line for key, value in options.items() if (line := old_option(key, value))]
     if said:
         raise ConfigError(f"{where}{'; '.join(said)} (the model's options are grouped: optimizer, schedule, "
@@ -142,7 +135,7 @@ def refuse_old_options(options: dict, where: str = "") -> None:
 
 
 def add_run_options(parser) -> None:
-    """vit-train's own options beside the Trainer's, the model's and the data's."""
+    """vit-train's own options, besides the Trainer's, the model's and the data's."""
     parser.add_argument("--ckpt_path", type=Optional[str], default=None,
                         help="fit: resume from this checkpoint, or 'last': the newest checkpoint that reads (by the "
                              "time each records it was saved) of the newest run under the root, or of --run; "
@@ -217,18 +210,18 @@ class ViTCLI(LightningCLI):
         if str(cfg.trainer.accelerator) in ("auto", "gpu", "cuda"):
             gpus.check_gpus_usable()
         root = Path(cfg.trainer.default_root_dir or runs.runs_folder() / configs.recipe_name(self.argv))
-        data = {"class_path": cfg.data.class_path, **vars(cfg.data.init_args)}  # (vit.models.checkpoints.check_split)
+        data = {"class_path": cfg.data.class_path, **vars(cfg.data.init_args)}
         if self.mode == "test":
             if not cfg.ckpt_path or cfg.ckpt_path == "last":
                 raise ConfigError("test needs --ckpt_path CKPT, the checkpoint file to evaluate")
-            if (processes := launch.processes()) > 1:  # (each would test, and write the record, on its own)
+            if (processes := launch.processes()) > 1:
                 raise ConfigError(f"test evaluates on one process, and this launch has {processes}: "
                                   f"start it as one (srun --ntasks 1, torchrun --nproc-per-node 1 --nnodes 1)")
             ckpt = read_checkpoint(cfg.ckpt_path)
             check_checkpoint(ckpt, cfg.ckpt_path, data)
             hparams = {k: v for k, v in ckpt.get("hyper_parameters", {}).items() if not k.startswith("_")}
             try:
-                self.config = cfg = self.parser.parse_object({"model": hparams}, cfg)  # the checkpoint's model
+                self.config = cfg = self.parser.parse_object({"model": hparams}, cfg)
             except ArgumentError as e:
                 raise CheckpointError(f"{cfg.ckpt_path}: its model's options are not this version's "
                                       f"({failures.condense(str(e))})") from None
@@ -239,27 +232,25 @@ class ViTCLI(LightningCLI):
                 self.claimed.append(run)
             self.resume = (Path(cfg.ckpt_path), ckpt)
         else:
-            if not os.environ.get(runs.ENV):  # (Lightning's launcher starts its processes once process 0 decided)
+            if not os.environ.get(runs.ENV):  # (not set: not a process Lightning's launcher started)
                 import torch
 
                 cuda = str(cfg.trainer.accelerator) in ("auto", "gpu", "cuda") and torch.cuda.is_available()
                 given = getattr(getattr(cfg.trainer.strategy, "init_args", None), "process_group_backend", None)
                 backend = given or ("nccl" if cuda else "gloo")  # (as Lightning's DDP would choose)
                 if backend == "nccl":
-                    gpus.nccl_errors_reach_python()  # (before the group is made)
+                    gpus.nccl_errors_reach_python()
                 launch.join_group(backend, cfg.ddp_timeout + Watchdog.BACKSTOP)
             model = {**vars(cfg.model.arch), "ema": cfg.model.ema_decay is not None}  # (what shapes the weights)
             run, self.resume = runs.open_for_fit(root, cfg.ckpt_path, cfg.run, model, data, self.claimed)
             launch.apply_allocation(cfg.trainer)
-        os.environ[runs.ENV] = str(run)  # the processes Lightning's DDP launcher starts use this folder too
-        os.environ[runs.RESUMES] = str(self.resume[0]) if self.resume else ""  # and this checkpoint
+        os.environ[runs.ENV] = str(run)  # inherited by the processes Lightning's DDP launcher starts
+        os.environ[runs.RESUMES] = str(self.resume[0]) if self.resume else ""
         known = self.resume[1].get("vit", {}).get("wandb_run_id") if self.resume else None
         runs.place_outputs(cfg, run, known)
 
     def instantiate_classes(self) -> None:
-        """jsonargparse wraps our own error for a bad value, raised by a data module's or the model's __init__,
-        in a ValueError of every alternative it tried: unwrap it, so that it is one line and exit 2; any other
-        error keeps its traceback."""
+        """jsonargparse wraps a BadInput raised in an __init__ in ValueErrors: unwrap it (one line, exit 2)."""
         try:
             super().instantiate_classes()
         except ValueError as e:
@@ -269,30 +260,28 @@ class ViTCLI(LightningCLI):
             if cause is None:
                 raise
             raise cause from None
-        classes = getattr(self.datamodule, "num_classes", None)  # (a data module of a user's may not say)
-        if self.resume and classes is not None:  # (every process has the checkpoint's "vit" entry: all refuse alike)
+        classes = getattr(self.datamodule, "num_classes", None)  # (a user's data module may not say)
+        if self.resume and classes is not None:  # (every process has the checkpoint: all refuse alike)
             check_classes(self.resume[1], classes, self.resume[0])
-        if self.resume:  # (process 0 alone holds a resume's weights: its refusal is every process's)
+        if self.resume:  # (only process 0 holds the weights: it refuses for all)
             launch.from_process_zero(lambda: check_weights(self.model, *self.resume), "check of its checkpoint")
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
-        """The Trainer as configured, with the launch's strategy and plugins (vit.cluster.launch.parallelism) and
-        the run's own callbacks (vit.training.callbacks.run_callbacks)."""
+        """The configured Trainer, plus the launch's strategy and plugins and the run's own callbacks."""
         config = self.config_init.trainer
         kwargs.update(launch.parallelism(config, self.config.ddp_timeout + Watchdog.BACKSTOP))
         if "strategy" in kwargs:
-            gpus.nccl_errors_reach_python()  # (before the processes and their group are made)
+            gpus.nccl_errors_reach_python()
         configured = config.get("callbacks") or []
         configured = configured if isinstance(configured, list) else [configured]
         kwargs["callbacks"] = [*configured, *run_callbacks(config, configured, self.config.step_checkpoint_minutes,
                                                            self.config.stop_after_minutes, self.config.ddp_timeout)]
         if any(isinstance(c, StepEndTimer) for c in kwargs["callbacks"]):
-            kwargs["max_time"] = None  # (its Timer is among the run's callbacks)
+            kwargs["max_time"] = None  # (StepEndTimer enforces it instead of Lightning's Timer)
         return super().instantiate_trainer(**kwargs)
 
     def check_batch(self) -> None:
-        """The global batch splits among this run's processes (vit.data.datamodules.split_batch), or is refused with one line
-        before any process starts."""
+        """Refuse, before any process starts, a global batch that does not split among the processes."""
         if isinstance(getattr(self.datamodule, "batch_size", None), int):
             split_batch(self.datamodule.batch_size, self.trainer.world_size, self.model.mixes_pairs)
 
@@ -313,10 +302,9 @@ class ViTCLI(LightningCLI):
             self.test(callback.best_model_path if callback and callback.best_model_path else None)
 
     def test(self, ckpt: str | None) -> None:
-        """Test ``ckpt`` (None: the weights in memory) on one process, so each test image counts once; then the
-        run's record (vit.training.results) and figures (vit.reporting.report)."""
+        """Test ``ckpt`` (None: the weights in memory) on one process, then write the run's record and figures."""
         metrics = test_on_one_process(self.trainer, self.model, self.datamodule, ckpt)
-        if metrics is None:  # (not rank zero)
+        if metrics is None:
             return
         tested, total = self.model.tested_images, len(self.datamodule.test_set)
         limit = self.trainer.limit_test_batches  # the float 1.0 is all batches; the int 1, one batch
@@ -334,18 +322,17 @@ class ViTCLI(LightningCLI):
 
 
 def test_on_one_process(trainer: L.Trainer, model, datamodule, ckpt: str | None) -> dict | None:
-    """The test metrics of ``ckpt`` (None: the weights in memory) on one process, rank zero's, so that each
-    test image counts once (None on the other ranks, which leave the process group)."""
+    """Test metrics on rank zero alone, so each test image counts once; None on the other ranks."""
     import torch
 
     if trainer.world_size > 1:
-        torch.distributed.barrier()  # every process's fit has ended: none reads the group's store any more (Watchdog)
+        torch.distributed.barrier()  # all fits have ended before the group (whose store the Watchdog reads) goes
         if not trainer.is_global_zero:
             return None
         torch.distributed.destroy_process_group()
     quiet = logging.getLogger("lightning.pytorch")
     level = quiet.level
-    quiet.setLevel(logging.WARNING)  # the device lines and restoring messages, said once already
+    quiet.setLevel(logging.WARNING)  # device and restore lines were printed already
     tester = L.Trainer(accelerator=trainer.accelerator, devices=1, num_nodes=1, logger=trainer.loggers,
                        precision=trainer.precision_plugin.precision, plugins=[LightningEnvironment()],
                        callbacks=[ProgressBar()] if trainer.progress_bar_callback else [],
@@ -360,7 +347,7 @@ def test_on_one_process(trainer: L.Trainer, model, datamodule, ckpt: str | None)
 
 
 def tell_others(cli: ViTCLI | None, code: int, line: str) -> None:
-    """Under DDP, the other processes end with this one's status and line (vit.training.guards.Watchdog.tell_others)."""
+    """Under DDP, make the other processes end with this status and line."""
     trainer = getattr(cli, "trainer", None)
     watchdog = next((c for c in getattr(trainer, "callbacks", []) if isinstance(c, Watchdog)), None)
     if watchdog is not None:
@@ -372,7 +359,7 @@ class _Built(Exception):
 
 
 def training_parser():
-    """vit-train's (fit's) parser, built once to check many command lines (``check_arguments``)."""
+    """vit-train's fit parser, built once to check many command lines."""
     class Build(ViTCLI):
         def parse_arguments(self, parser, args):
             raise _Built(parser)
@@ -384,15 +371,13 @@ def training_parser():
     raise AssertionError("ViTCLI parsed no arguments")
 
 
-# what only places a run's files or bounds one command of it: not part of what a run is (``configuration``)
+# options that only place a run's files or limit one command: not part of its configuration
 PLACES = ("data.init_args.root", "trainer.default_root_dir", "run", "ckpt_path", "stop_after_minutes",
           "step_checkpoint_minutes", "ddp_timeout")
 
 
 def configuration(parser, cfg) -> dict:
-    """A fit's effective configuration, as its record keeps it: every option as parsed (recipes, then the command
-    line), flat (``model.arch.depth``) and as JSON writes it, without what only places its files or bounds one
-    command (PLACES). Two commands with the same configuration train the same run."""
+    """A fit's effective configuration, flat and JSON-safe, without PLACES; equal ones train the same run."""
     import json
 
     import yaml
@@ -407,9 +392,7 @@ def configuration(parser, cfg) -> dict:
 
 
 def check_arguments(parser, argv: list[str], note: bool = True) -> dict:
-    """Parse a fit's command line with ``training_parser()``'s parser, as vit-train would, without running: its
-    effective configuration (``configuration``); a bad or old option raises ConfigError with the parser's one
-    line. ``note``: say which recipe runs when the line names none (else quietly)."""
+    """A fit command line's configuration, parsed as vit-train would (ConfigError if bad); ``note``: name the recipe."""
     parser.default_config_files = [str(p) for p in configs.default_files("fit", argv, note)]
     refuse_old_command_line(argv)
     try:
@@ -419,8 +402,7 @@ def check_arguments(parser, argv: list[str], note: bool = True) -> dict:
 
 
 class ArgumentCheck:
-    """``check_arguments`` with ``training_parser()``'s parser built at the first call: what a plan's Runner is
-    given to parse its runs' commands (the library imports no command)."""
+    """``check_arguments`` with a lazily built parser, for a plan's Runner (the library imports no command)."""
 
     def __init__(self):
         self.parser = None
@@ -431,8 +413,7 @@ class ArgumentCheck:
 
 
 def stop_before_training(signum, frame) -> None:
-    """SIGUSR1 under SLURM before training starts (StopOnSignal takes it over then): nothing to save yet, so the
-    process stops at once with exit 4, which the job's script requeues, instead of dying by the signal."""
+    """SIGUSR1 before training (StopOnSignal handles it later): exit 4, which the job script requeues."""
     raise Stopped("SIGUSR1 (SLURM's notice of a time limit or a preemption) came before training started: nothing "
                   "to save yet; the job's script requeues the job, which starts the run again")
 
@@ -443,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     if launch.slurm_job() and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGUSR1, stop_before_training)
     quiet_third_party()
-    claimed: list[Path] = []  # the folders this process created for its run, in order
+    claimed: list[Path] = []  # folders this process created for its run, in order
     inherited = runs.ENV in os.environ  # set by the process that launched this one (DDP)
     code = 1  # a bug, unless the run ends otherwise below
     commits.commit()  # the code that runs, before anyone edits the tree
@@ -454,15 +435,15 @@ def main(argv: list[str] | None = None) -> int:
             cli.fit()
         else:
             cli.test(str(cli.resume[0]))
-    except Exception as error:  # read, not handled: vit.failures knows the failures; a bug is raised again
+    except Exception as error:  # known failures become one line; a bug is raised again
         folder = os.environ.get(runs.ENV)
         known = failures.line_and_status(error, failures.Training(argv, folder and Path(folder),
                                                                   cli and cli.datamodule))
         if known is None:
-            raise  # a bug: exit 1 with its traceback
+            raise
         message, code = known
-        if code == exits.status_of(exits.LostProcesses()):  # every process says it at once (the one that
-            print(failures.said(message, code), file=sys.stderr)  # failed may not be rank 0); none to tell
+        if code == exits.status_of(exits.LostProcesses()):  # every process says it: the failed one may not be rank 0
+            print(failures.said(message, code), file=sys.stderr)
             return code
     else:
         code = 0
@@ -471,28 +452,26 @@ def main(argv: list[str] | None = None) -> int:
         if not inherited:
             os.environ.pop(runs.ENV, None)
             os.environ.pop(runs.RESUMES, None)
-        # nothing left to stop: a later SIGUSR1 (a second scancel, SLURM's own before the time limit) must not kill
-        # the process as it ends, where Python has put its own handlers back to the default (death by signal 10,
-        # exit 138: the job's script would not requeue it)
+        # ignore a later SIGUSR1 (a second scancel, SLURM's warning): as Python exits it restores the default
+        # handler, and dying by the signal (exit 138) would not be requeued by the job script
         if launch.slurm_job() and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         loggers.end_wandb_run(code)
-        # a run that never started leaves no folder behind (its W&B id unused), removed while its lock is held
+        # remove the folders of a run that never started, while its lock is still held
         for folder in reversed(claimed if code else []):
-            with contextlib.suppress(OSError):  # (another start's folder in it since, or a folder gone: kept)
+            with contextlib.suppress(OSError):  # (gone, or another start's folder inside: kept)
                 if {p.name for p in folder.iterdir()} <= {runs.WANDB_ID, run_lock.LOCK}:
                     for left in folder.iterdir():
                         left.unlink()
                     folder.rmdir()
-        run_lock.release()  # (after the W&B run's end: the folder is this run's until then)
+        run_lock.release()  # (after W&B's end: the folder is this run's until then)
         bug = sys.exc_info()[1]
-        if code == 1 and isinstance(bug, Exception):  # under DDP, the others end too, naming it (its traceback
-            tell_others(cli, code, f"a bug, whose traceback that process prints: {type(bug).__name__}: "  # follows)
+        if code == 1 and isinstance(bug, Exception):
+            tell_others(cli, code, f"a bug, whose traceback that process prints: {type(bug).__name__}: "
                                    f"{failures.first_line(bug)}")
-    # every process fails alike on a bad input, a divergence or a stop (say it once); a full disk or device
-    # memory is one process's own
+    # say it once when every process fails alike; a full disk or out-of-memory is one process's own
     alike = code in [exits.status_of(e()) for e in (exits.BadInput, exits.TrainingDiverged, exits.Stopped)]
     if rank_zero_only.rank == 0 or not alike:
         print(failures.said(message, code), file=sys.stderr)
-    tell_others(cli, code, message)  # under DDP, the others end with it, with this line (rank 1's bad input too)
+    tell_others(cli, code, message)
     return code

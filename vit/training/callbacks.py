@@ -1,7 +1,5 @@
-"""Callbacks: those a recipe lists (configs/*.yaml: throughput, time to accuracy, and what W&B shows: the
-resolved config, sample predictions, attention rollout), and ``run_callbacks``, the one place every run's
-own machinery is attached from the modules that own each question: what stops a run (vit.training.guards), what it
-shows (vit.training.progress), seeding (vit.data.seeding), exact resume (vit.data.resume); the run's clock (TrainingClock) is here."""
+"""Callbacks a recipe can list (throughput, time to accuracy, W&B media and config), the run's clock, and
+``run_callbacks``, which attaches every run's own machinery."""
 
 from __future__ import annotations
 
@@ -19,25 +17,14 @@ from vit.training.loggers import wandb_logger
 
 
 class TrainingClock(L.Callback):
-    """The run's training time and progress, carried across resumes in every checkpoint: seconds inside
-    ``fit`` (its training and validation epochs, not start-up or the test), optimizer steps, epochs (a
-    fraction when a time budget ends one mid-way), training images seen, and the wall time of the
-    commands the run took (start-up included; each earlier command counted to its last checkpoint). The
-    record's figures, and the clock that TimeToAccuracy reads.
+    """The run's training time and progress, carried across resumes in checkpoints: the record's figures.
 
-    It also counts those commands, and the seconds of each one's first training batch and first
-    validation batch (``first_batches_seconds``, inside the training seconds): where torch.compile
-    compiles, so a run continued over several commands compiles again in each, and its record says how
-    much of its clock that was.
-
-    Of those seconds, the validation epochs' are counted too (``validation_seconds``): the seconds spent
-    training alone (``train_seconds``) are the clock of TimeToAccuracy, as speed records count them.
-
-    And the code each command ran (``trees``: its commit, ``dirty`` and changes, vit.training.commits.code), so
-    that the record of a run resumed on other code says so (``results.other_code``)."""
+    Counts seconds inside ``fit`` (of them, validation's, and the first batches' where torch.compile compiles
+    again in each command), optimizer steps, epochs, images seen, and each command's wall time and code (so the
+    record of a run resumed on other code says so)."""
 
     def __init__(self):
-        # of the attempts this run resumed from
+        # totals of the earlier commands this run resumed from
         self.before = {"training_seconds": 0.0, "train_images": 0, "wall_seconds": 0.0, "commands": 0,
                        "first_batches_seconds": 0.0, "validation_seconds": 0.0, "trees": []}
         self.started = self.stopped = None
@@ -96,11 +83,11 @@ class TrainingClock(L.Callback):
         return self.before["validation_seconds"] + self.validation + ongoing
 
     def train_seconds(self) -> float:
-        """Seconds of the training epochs alone: ``seconds`` without the validation epochs."""
+        """Seconds of the training epochs alone, without validation: TimeToAccuracy's clock."""
         return self.seconds() - self.validation_seconds()
 
     def wall(self) -> float:
-        """Wall seconds of the commands the run took, this one's to now (start-up included)."""
+        """Wall seconds of all the run's commands so far, start-up included."""
         return self.before["wall_seconds"] + wall_seconds()
 
     def state_dict(self) -> dict:
@@ -120,21 +107,18 @@ class TrainingClock(L.Callback):
                 "first_batches_seconds": round(self.before["first_batches_seconds"] + self.first_batches, 3)}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.before = {**self.before, **state_dict}  # (a checkpoint without wall_seconds: 0 before this command)
-        trees = self.before["trees"]  # (none kept before a version that kept them: results.other_code counts those)
+        self.before = {**self.before, **state_dict}  # an older checkpoint may lack keys
+        trees = self.before["trees"]
         self.before["trees"] = [code_of(t) for t in trees] if isinstance(trees, list) else []
 
     @property
     def state_key(self) -> str:
-        return CLOCK  # (Lightning's default, the class's name: where checkpoints keep it)
+        return CLOCK  # the key checkpoints keep it under
 
 
 class TimeToAccuracy(L.Callback):
-    """Log the training time at which ``val/acc`` first reaches each threshold, as ``time_to/val_acc_<threshold>``:
-    the seconds of the training epochs alone (TrainingClock.train_seconds, summed over resumes; validation is
-    not counted, as speed records count it), with the wall seconds of the run beside them
-    (``time_to/wall_val_acc_<threshold>``: start-up, compiles and validation included), and print one line
-    when it happens. The times reached are kept in checkpoints and in the run's record."""
+    """Log the training seconds at which ``val/acc`` first reaches each threshold (``time_to/val_acc_<t>``) and
+    the wall seconds (``time_to/wall_val_acc_<t>``). Training seconds exclude validation, as speed records do."""
 
     def __init__(self, thresholds: tuple[float, ...] = (0.90, 0.93, 0.94)):
         self.thresholds = sorted(thresholds)
@@ -154,7 +138,7 @@ class TimeToAccuracy(L.Callback):
         if trainer.sanity_checking or acc is None:
             return
         clock = next(cb for cb in trainer.callbacks if isinstance(cb, TrainingClock))
-        acc = acc.item()  # (once per validation)
+        acc = acc.item()  # one host sync per validation
         for t in self.thresholds:
             if t not in self.reached and acc >= t:
                 self.reached[t], self.reached_wall[t] = clock.train_seconds(), clock.wall()
@@ -194,8 +178,7 @@ class WandbSamplePredictions(L.Callback):
 
 
 class WandbRollout(L.Callback):
-    """Every ``every_n_epochs`` validations, log attention-rollout overlays of the same first
-    ``num_images`` validation images to W&B, to watch attention sharpen as the model learns."""
+    """Every ``every_n_epochs`` validations, log attention rollout of the first validation images to W&B."""
 
     def __init__(self, num_images: int = 4, every_n_epochs: int = 5):
         self.num_images, self.every_n_epochs = num_images, every_n_epochs
@@ -210,7 +193,7 @@ class WandbRollout(L.Callback):
 
         val_set = trainer.datamodule.val_set
         images = torch.stack([val_set[i][0] for i in range(min(self.num_images, len(val_set)))])
-        with torch.compiler.set_stance("force_eager"):  # a few images: no compile for them (rank 0 alone)
+        with torch.compiler.set_stance("force_eager"):  # rank 0 alone, a few images: don't compile
             probs, rollout = explain(pl_module.eval_model, pl_module.normalize(images.to(pl_module.device)))
         names = pl_module.class_names
         pictures = [overlay(img, upsample(r.cpu(), *img.shape[-2:])) for img, r in zip(images, rollout)]
@@ -223,12 +206,9 @@ def batch_size(batch) -> int:
 
 
 class Throughput(L.Callback):
-    """Training samples/s, FLOP/s (the model's analytic FLOPs per batch, ``ViTClassifier.flops_per_batch``) and
-    MFU against Lightning's table of device peaks, by Lightning's ``Throughput``, as its ThroughputMonitor
-    logs them (``train/device/samples_per_sec``, ...), every ``log_every_n_steps`` steps (at the steps every value
-    is read on the host: vit.training.agreement.check_step), over a window of
-    about ``window_size`` steps, validation's time left out. The clock is read at those steps alone, after waiting for the GPU there:
-    Lightning's monitor waits for it at every batch, which costs a GPU-bound step its overlap with the next."""
+    """Log training samples/s, FLOP/s and MFU as Lightning's ThroughputMonitor does, over about ``window_size``
+    steps, validation excluded. It syncs the GPU only at logging steps: Lightning's monitor syncs every batch,
+    which costs a GPU-bound step its overlap with the next."""
 
     def __init__(self, window_size: int = 100):
         self.window_size = window_size
@@ -272,8 +252,7 @@ class Throughput(L.Callback):
 
 
 class LogConfig(SaveConfigCallback):
-    """LightningCLI's config.yaml in the run folder, and the whole resolved config (trainer, callbacks,
-    model, data) in the W&B run's config."""
+    """LightningCLI's config.yaml in the run folder, and the whole resolved config in the W&B run's config."""
 
     def save_config(self, trainer, pl_module, stage) -> None:
         wandb = wandb_logger(trainer.loggers)
@@ -285,9 +264,8 @@ class LogConfig(SaveConfigCallback):
 
 
 class WandbRunId(L.Callback):
-    """Every checkpoint names the run's W&B run (``vit.wandb_run_id``; None without W&B), so that a resume
-    logs into that run, and the launch that wrote it (``vit.launch``: a SLURM job's ``slurm-<id>``, None for a
-    plain command), so that a requeued attempt knows its own (vit.cluster.runs.open_for_fit)."""
+    """Store the W&B run id and the launch (a SLURM job) in every checkpoint, so that a resume logs into the
+    same W&B run and a requeued job knows its own checkpoints."""
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint):
         from vit.cluster.launch import launch_name
@@ -298,17 +276,8 @@ class WandbRunId(L.Callback):
 
 def run_callbacks(trainer: dict, configured: list, step_checkpoint_minutes: float | None,
                   stop_after_minutes: float | None, stuck_seconds: float) -> list[L.Callback]:
-    """Every run's own callbacks, attached here and nowhere else (a recipe lists only what it chooses:
-    checkpoints, throughput, W&B media, time to accuracy): the watchdog (a process with no batch in
-    ``stuck_seconds`` ends), exact resume (epoch seeds), the divergence
-    and preemption stops, the run's clock and record, the
-    learning rate in the logs, --stop_after_minutes, --trainer.max_time at optimizer steps' ends
-    (vit.data.resume.StepEndTimer), the rolling step checkpoint and each process's RNG
-    states in checkpoints, a checkpoint's batch counts in this run's split (exact mid-epoch resume under any
-    split of the global batch, vit.data.resume), the W&B run's id in checkpoints, and
-    vit.training.progress.ProgressBar and ModelSummary unless one is configured or turned off; and the agreement
-    of every process on what all of them decide alike (the stops, the clock, the step checkpoint), every
-    log_every_n_steps steps, in one collective (vit.training.agreement)."""
+    """Every run's own callbacks (watchdog, exact resume, stops, clock, agreement of the processes, ...),
+    attached here and nowhere else; a recipe lists only optional ones."""
     from pathlib import Path
 
     from lightning.pytorch.callbacks import LearningRateMonitor, Timer
@@ -322,8 +291,7 @@ def run_callbacks(trainer: dict, configured: list, step_checkpoint_minutes: floa
     from vit.data.resume import DataSplit, RNGStates, StepCheckpoint, StepEndTimer
     from vit.data.seeding import EpochSeed
 
-    # the agreement after the divergence guard (its flag of the step) and the clock (a preemption's checkpoint
-    # holds that step's count)
+    # order matters: Agreement after StopOnNonFinite (its flag) and TrainingClock (a preemption checkpoint's count)
     callbacks = [Watchdog(stuck_seconds), EpochSeed(), RNGStates(), DataSplit(), StopOnNonFinite(),
                  TrainingClock(), StopOnSignal(), Agreement(), WandbRunId()]
     if trainer.get("logger", True) not in (False, []):
@@ -334,11 +302,11 @@ def run_callbacks(trainer: dict, configured: list, step_checkpoint_minutes: floa
     if trainer.get("enable_model_summary") is not False and \
             not any(isinstance(c, LightningModelSummary) for c in configured):
         callbacks.append(ModelSummary())
-    if step_checkpoint_minutes:  # the rolling step checkpoint (vit.cluster.runs.STEP)
+    if step_checkpoint_minutes:
         callbacks.append(StepCheckpoint(Path(trainer.get("default_root_dir")) / runs.CHECKPOINTS,
                                         step_checkpoint_minutes))
     if stop_after_minutes:
         callbacks.append(StopAfterMinutes(stop_after_minutes))
     if trainer.get("max_time") is not None and not any(isinstance(c, Timer) for c in configured):
-        callbacks.append(StepEndTimer(trainer["max_time"]))  # (the Trainer then makes none: vit.commands.train)
+        callbacks.append(StepEndTimer(trainer["max_time"]))  # stops at a step's end; replaces Lightning's Timer
     return callbacks

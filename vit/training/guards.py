@@ -1,8 +1,6 @@
-"""What stops a run before its end, and how every process agrees on it: divergence (exit 3), SLURM's
-preemption signal and --stop_after_minutes (exit 4). Each decides at a step or epoch boundary that every
-process reaches, with one collective issued by all of them; within an epoch, at the check steps, where one
-all-reduce carries every decision (vit.training.agreement; vit.exits defines the statuses). And what
-ends a process that is stuck, which no collective can decide: the watchdog (exit 5)."""
+"""What stops a run early: divergence (exit 3), SLURM preemption and --stop_after_minutes (exit 4). Each stop
+is decided at a step or epoch boundary that every process reaches, by a collective all of them issue. A stuck
+process cannot take part in a collective, so a watchdog thread ends it (exit 5)."""
 
 from __future__ import annotations
 
@@ -23,49 +21,34 @@ from vit.training.loggers import wandb_logger
 
 
 class Watchdog(L.Callback):
-    """A process that starts or finishes no batch (training, validation or test) for ``seconds`` is stuck:
-    in a data loader worker that never answers, in a read that never returns, or in a collective waiting
-    for a process that is. It prints one line and where each of its threads is, and exits 5, whatever its
-    main thread is doing. Without it, a single process would wait forever, and under DDP the stuck
-    process would be killed without a word by the launcher once the others' collectives time out (its
-    clock starts before theirs: the others go on until they wait for it; the collectives' own timeout is
-    a backstop ``BACKSTOP`` seconds later). Watches from ``setup`` to ``teardown`` of each stage (or an
-    exception's end of it), in a thread of its own; the waits it is for (a queue, a socket, a collective)
-    release the GIL, so the thread runs while the main thread is stuck.
+    """Ends a process (exit 5, printing every thread's stack) that starts or finishes no batch for ``seconds``:
+    stuck in a loader worker, a read, or a collective waiting for a stuck peer. Otherwise a lone process waits
+    forever, and under DDP it is killed silently once the others' collectives time out (``BACKSTOP`` later).
+    Runs in its own thread, which the stuck waits (queue, socket, collective) leave free by releasing the GIL.
 
-    Slow work is not a hang, and gets ``SLOW`` seconds (or ``seconds``, if longer), whatever ``seconds`` is:
-    a stage's start, up to ``on_fit_start`` / ``on_test_start`` (the model's setup, which loads pretrained
-    weights, and the restore of a checkpoint); every torch.compile compile of this process, wherever it is
-    (torch's own compile callbacks: tracing, the lazily compiled backward, CUDA graph recording); and the
-    first batch of each kind (training, validation, test) with inputs of a shape or a training image size
-    not seen before, where the model compiles, or recompiles for a resize stage
-    (``model.compile(dynamic=False)``: a graph per shape); in training, the batches of that optimizer step
-    (gradient accumulation's all-reduce is in the last). Every process sees the same shapes at the same
-    step, so one that finished compiling and waits in that batch's collectives for another gets the same
-    time; that wait is also bounded by the process group's own timeout (``seconds`` + ``BACKSTOP``), which
-    ends the run with exit 5 when the processes' compile times differ by more.
+    Slow work gets ``SLOW`` seconds: a stage's start (model setup, checkpoint restore), every torch.compile
+    compile, and a first batch of a new shape or image size through its optimizer step, whose all-reduce
+    waits for the other processes' compiles.
 
-    Under DDP it also tells the others why a process ended: a process that fails for a known cause (vit.exits:
-    statuses 2, 3, 4, 6, 7) writes its status and one line into the process group's store (``tell_others``);
-    the others' ``listen`` threads read it within ``POLL`` seconds and end with the same status and a line
-    that names that process and its reason, instead of waiting out their collectives' timeout."""
+    Under DDP a process failing for a known cause writes it to the process group's store (``tell_others``);
+    the others' ``listen`` threads exit with the same status instead of waiting for a timeout."""
 
     BACKSTOP = 60.0
     SLOW = 3600.0  # a compile, a stage's start
     POLL = 1.0  # how often the others' store is read
-    GRACE = 3.0  # a process that fails with the others, for the same cause, ends by itself meanwhile
-    ACKS = 10.0  # how long a failing process waits for the others to read its reason (rank 0 hosts the store)
+    GRACE = 3.0  # time for a process failing for the same cause to end by itself
+    ACKS = 10.0  # how long a failing process waits for the others to read it (rank 0 hosts the store)
 
     def __init__(self, seconds: float):
         self.seconds = seconds
-        self.stopped: threading.Event | None = None  # (made in setup: a callback stays picklable)
-        self.store = None  # the process group's store, under DDP (made in setup)
-        self.seen: set = set()  # the kinds and shapes of batches seen (compiled) in this process
-        self.window: tuple[str, int] | None = None  # a first batch's slow work, and the batches it lasts
+        self.stopped: threading.Event | None = None  # made in setup, so the callback stays picklable
+        self.store = None
+        self.seen: set = set()  # batch kinds and shapes already compiled
+        self.window: tuple[str, int] | None = None  # (slow work, batches left) of a first batch's optimizer step
         self.alive()
 
     def alive(self, *args, slow: str | None = None, **kwargs) -> None:
-        """Progress: the clock starts again, with ``SLOW`` seconds while the process does ``slow`` work."""
+        """Progress: restart the clock, with ``SLOW`` seconds while doing ``slow`` work."""
         self.clock = (time.monotonic(), max(self.seconds, self.SLOW) if slow else self.seconds, slow)
 
     on_validation_batch_end = on_test_batch_end = alive
@@ -76,8 +59,7 @@ class Watchdog(L.Callback):
                           trainer.accumulate_grad_batches)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        # a first training batch's time lasts to its optimizer step: with gradient accumulation the processes
-        # wait for each other's compile in the all-reduce of the window's last batch
+        # a first batch's slow time lasts to its optimizer step, whose all-reduce waits for peers' compiles
         self.window = (self.window[0], self.window[1] - 1) if self.window and self.window[1] > 1 else None
         self.alive(slow=self.window and self.window[0])
 
@@ -88,22 +70,21 @@ class Watchdog(L.Callback):
         self.batch_starts("test", batch)
 
     def batch_starts(self, kind: str, batch, image_size: int | None = None, batches_per_step: int = 1) -> None:
-        parts = batch if isinstance(batch, (list, tuple)) else [batch]  # (images, labels): this project's batches
+        parts = batch if isinstance(batch, (list, tuple)) else [batch]
         key = (kind, tuple((tuple(t.shape), t.dtype) for t in parts if isinstance(t, torch.Tensor)), image_size)
         at = f" at {image_size} px" if image_size else ""
         slow = None if key in self.seen else f"its first {kind} batch of this shape{at} (where torch.compile compiles)"
         self.seen.add(key)
-        if kind == "training":  # (an evaluation batch's time ends with it)
+        if kind == "training":  # evaluation batches have no optimizer step to wait for
             self.window = (slow, batches_per_step) if slow else self.window
             slow = self.window and self.window[0]
         self.alive(slow=slow)
 
-    def compiles(self, *args) -> None:  # torch.compile starts compiling, in this thread (its callbacks
-        # take the compile's id in torch 2.14, nothing in older releases)
+    def compiles(self, *args) -> None:  # a compile starts (torch 2.14 passes its id, older releases nothing)
         self.before = self.clock[2]
         self.alive(slow="a torch.compile compile")
 
-    def compiled(self, *args) -> None:  # and ends: the batch's own time again (a first batch: slow still)
+    def compiled(self, *args) -> None:  # a compile ends: back to the batch's own limit
         self.alive(slow=self.before)
 
     def setup(self, trainer, pl_module, stage):
@@ -128,12 +109,12 @@ class Watchdog(L.Callback):
             handler.remove_start_callback(self.compiles)
             handler.remove_end_callback(self.compiled)
 
-    def on_exception(self, trainer, pl_module, exception):  # (Lightning calls no teardown then)
+    def on_exception(self, trainer, pl_module, exception):  # Lightning calls no teardown then
         self.teardown(trainer, pl_module)
 
     def watch(self, stopped: threading.Event) -> None:
         while (left := (clock := self.clock)[0] + clock[1] - time.monotonic()) > 0:
-            if stopped.wait(min(left, self.POLL)):  # (a slow period's end shortens the limit)
+            if stopped.wait(min(left, self.POLL)):  # poll: a slow period's end shortens the limit
                 return
         _, limit, slow = clock
         what = f"{slow} took over {limit:g} s" if slow else f"no batch started or finished in {limit:g} s"
@@ -155,9 +136,9 @@ class Watchdog(L.Callback):
                 if not self.store.check([FAILED]):
                     continue
                 status, rank, line = self.store.get(FAILED).decode().split("\t", 2)
-            except DistError:  # the store's host (rank 0) is gone: the collectives say so
+            except DistError:  # rank 0, the store's host, is gone: the collectives report it
                 return
-            if int(rank) == self.rank or stopped.wait(self.GRACE):  # (this process ends by itself)
+            if int(rank) == self.rank or stopped.wait(self.GRACE):  # this process ends by itself
                 return
             try:
                 self.store.add(READ, 1)
@@ -168,12 +149,12 @@ class Watchdog(L.Callback):
             os._exit(int(status))
 
     def tell_others(self, status: int, line: str) -> None:
-        """This process fails with ``status`` (a known cause, one line): the others end with it (``listen``).
-        The first to fail says it; this one waits up to ``ACKS`` seconds for the others to read it."""
+        """Tell the others this process fails with ``status`` (``listen``). Only the first failure is told; its
+        process waits up to ``ACKS`` seconds for the others to read it, since rank 0 hosts the store."""
         import torch.distributed as dist
         from torch.distributed import DistError
 
-        if self.store is None or not dist.is_initialized():  # (rank 0 tests alone after fit: the others are gone)
+        if self.store is None or not dist.is_initialized():  # e.g. rank 0 testing alone after fit
             return
         said = f"{status}\t{self.rank}\t{' '.join(line.split())}"
         try:
@@ -199,14 +180,9 @@ def watch(loss: torch.Tensor, norm: torch.Tensor, bad_step: torch.Tensor, last_f
 
 
 class StopOnNonFinite(L.Callback):
-    """Stop training with ``TrainingDiverged`` when the loss or the gradient norm becomes non-finite (the
-    module's ``grad_norm``: the norm its clipping takes, not a second one; vit.training.module).
-
-    Every step is watched on the device (the first bad step and the last finite loss are kept there,
-    with no host sync); the host looks every ``log_every_n_steps`` steps (vit.training.agreement), before each
-    validation and at the end of each epoch, so a checkpoint is never written after a bad step (and non-finite
-    weights are refused at every save in any case). Under DDP all ranks decide together.
-    """
+    """Stop with ``TrainingDiverged`` when the loss or the gradient norm (the one clipping takes) is non-finite.
+    Tracked on the device each step, with no host sync; the host checks, all processes together, at check
+    steps, before validation and at epoch end, so no checkpoint is written after a bad step."""
 
     def __init__(self):
         self.restored_loss = math.nan  # the last finite loss of the run this one resumes
@@ -224,11 +200,10 @@ class StopOnNonFinite(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         loss = (outputs["loss"] if isinstance(outputs, dict) else outputs).detach().float()
-        # the module's gradient norm of its last optimizer step (taken once, for clipping and for this); not
-        # under fp16, whose grad scaler skips inf steps by design
+        # not under fp16, whose grad scaler skips inf steps by design
         norm = getattr(pl_module, "grad_norm", None)
         norm = loss if norm is None or str(trainer.precision).startswith("16") else norm.float()
-        # one small graph when the model is compiled, the step a symbol in it
+        # compiled with the model; dynamic, so a new step number does not recompile
         step = graph(watch, bool(pl_module.hparams.get("compile")), dynamic=True)
         self.bad_step, self.last_finite = step(loss, norm, self.bad_step, self.last_finite, trainer.global_step - 1)
 
@@ -261,23 +236,14 @@ class StopOnNonFinite(L.Callback):
 
 
 class StopOnSignal(L.Callback):
-    """Preemption on SLURM, handled where every process is at the same point: a step boundary.
-
-    SLURM sends SIGUSR1 before a time limit or a preemption (``#SBATCH --signal=SIGUSR1@90``); the
-    handler only notes it. Every ``log_every_n_steps`` steps all processes agree (vit.training.agreement) whether
-    any of them got it; if so every process writes the step checkpoint of that step together
-    (``<run>/checkpoints/step.ckpt``: weights, optimizer, schedule, EMA, loops, each process's data
-    position and RNG states; vit.data.resume) and stops with ``Preempted`` (exit 4), and the job's script
-    (scripts/slurm/train.sbatch, a plan's job array) requeues the job (same job id, same run folder). The requeued job resumes
-    from that checkpoint, mid-epoch, and ends with exactly the weights of an uninterrupted job. (Lightning's
-    own handler saves a checkpoint from inside the signal handler, issuing collectives in the middle of a
-    step while the other ranks wait in backward: a deadlock, Lightning #21406; vit.commands.train turns it
-    off.) Outside a SLURM job this does nothing."""
+    """On SLURM's SIGUSR1 (a time limit or preemption is near), save the step checkpoint and stop (exit 4) at a
+    step boundary all processes agree on; the requeued job resumes exactly. The handler only notes the signal:
+    Lightning's own (turned off) saves mid-step inside the handler, a DDP deadlock (Lightning #21406)."""
 
     def __init__(self):
         self.job = None
         self.signalled = False
-        self.after_epoch: int | None = None  # got at an epoch's last step: stop once its checkpoints are written
+        self.after_epoch: int | None = None  # signalled at an epoch's last step: stop after its checkpoints
 
     def setup(self, trainer, pl_module, stage):
         from vit.cluster.launch import slurm_job
@@ -290,9 +256,8 @@ class StopOnSignal(L.Callback):
         self.signalled = True
 
     def stop(self, trainer) -> None:
-        """A process got the signal: at a check step's end (an optimizer step's, not inside an accumulation
-        window) every process saves the step and stops; at an epoch's last step, the epoch ends first, with its
-        validation and its checkpoints (last.ckpt), and every process stops as the next epoch starts."""
+        """Save and stop; at an epoch's last step, let the epoch's validation and checkpoints run first and stop
+        as the next epoch starts."""
         from vit.cluster.runs import CHECKPOINTS, STEP
         from vit.data.resume import at_epoch_end
 
@@ -317,7 +282,7 @@ class StopOnSignal(L.Callback):
         if trainer.is_global_zero and wandb_logger(trainer.loggers) is not None:
             import wandb
 
-            if wandb.run is not None:  # the logger's run, if it started
+            if wandb.run is not None:
                 wandb.run.mark_preempting()
         from vit.cluster.launch import requeuer
 
@@ -329,11 +294,9 @@ class StopOnSignal(L.Callback):
 
 
 class StopAfterMinutes(L.Callback):
-    """End this command in time for a wall-clock limit on it (a job's time limit, a short partition): at the end of
-    an epoch that validates, after its checkpoints, when the epochs to the next validation, each like the last
-    (+20 %, + 30 s for the test), would end past ``minutes`` since the process started. The CLI then exits 4 (vit.commands.train), and
-    ``--ckpt_path last`` continues the run exactly, its schedule and clock included. All processes
-    decide together on rank zero's clock. Not when the run would end anyway with that epoch."""
+    """Stop after a validating epoch's checkpoints when the epochs to the next validation (+20 %, +30 s for the
+    test) would end past ``minutes`` since the process started; exit 4, and ``--ckpt_path last`` resumes
+    exactly. Rank zero's clock decides for all processes."""
 
     def __init__(self, minutes: float):
         self.limit = 60 * minutes
@@ -346,7 +309,7 @@ class StopAfterMinutes(L.Callback):
         if trainer.sanity_checking or not hasattr(self, "epoch_started"):
             return
         epoch = time.perf_counter() - self.epoch_started
-        # the next look is at the next validation: --trainer.check_val_every_n_epoch epochs on
+        # the next chance to stop is at the next validation
         late = wall_seconds() + 1.2 * epoch * (trainer.check_val_every_n_epoch or 1) + 30 > self.limit
         last = trainer.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= trainer.max_epochs
         (late,) = [trainer.strategy.broadcast(late)]  # rank zero's clock decides for every process
@@ -359,7 +322,7 @@ _IMPORTED = time.perf_counter()
 
 
 def wall_seconds() -> float:
-    """Seconds since this process started (a run continued across commands: the last command's) (Linux: /proc; elsewhere since this module was imported)."""
+    """Seconds since this process started (Linux; elsewhere since this module was imported)."""
     try:
         ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
         uptime = float(Path("/proc/uptime").read_text().split()[0])

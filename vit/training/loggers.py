@@ -1,5 +1,5 @@
-"""Loggers: Lightning's W&B logger, made never to block on a login prompt or a W&B server out of reach (it
-logs offline then: no failure), and its CSV logger, made to keep a resumed run's metrics."""
+"""Lightning's W&B logger, made never to block on a login prompt or an unreachable server (it logs offline
+instead), and its CSV logger, made to keep a resumed run's metrics."""
 
 from __future__ import annotations
 
@@ -20,27 +20,25 @@ from vit.cluster.network import unreachable
 
 
 class NoNoise(logging.Filter):
-    """Drop Lightning's advertisement printed by every Trainer ("💡 Tip: ... litlogger ...") and its note
-    on how it counts the steps of the schedule, which say nothing a user can act on."""
+    """Drop Lightning log lines a user cannot act on (its litlogger tip, its note on counting steps, ...)."""
 
     NOISE = ("💡 Tip", "Loading `train_dataloader` to estimate number of stepping batches",
-             "Trainer already configured with model summary callbacks")  # (ours: vit.training.progress.ModelSummary)
+             "Trainer already configured with model summary callbacks")  # (we add our own)
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith(self.NOISE)
 
 
 def quiet_lightning() -> None:
-    """Drop Lightning's noise from its rank-zero log (NoNoise); the training command calls it, not the import."""
+    """Filter Lightning's rank-zero log with NoNoise; called by the training command, not at import."""
     logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if not any(isinstance(f, NoNoise) for f in logger.filters):
         logger.addFilter(NoNoise())
 
 
 def wandb_base_url() -> str:
-    """The W&B server wandb logs to, found as wandb finds it: WANDB_BASE_URL (a self-hosted server), else the
-    server `wandb login --host URL` saved in wandb's settings file (in WANDB_CONFIG_DIR, else
-    ~/.config/wandb), else wandb's default."""
+    """The W&B server wandb logs to, found as wandb finds it: WANDB_BASE_URL, else the host that
+    `wandb login --host URL` saved, else wandb's default."""
     url = os.environ.get("WANDB_BASE_URL")
     if not url:
         import wandb
@@ -54,10 +52,8 @@ def wandb_base_url() -> str:
 
 
 def wandb_unreachable(timeout: float) -> str | None:
-    """Why the W&B server cannot be reached from here, or None when it answers within ``timeout`` seconds.
-    It is asked what wandb asks it, a GraphQL query (no credentials sent): an answer counts only when it
-    comes from a W&B server — a GraphQL answer, a success, or a 401 for the missing credentials — not a
-    proxy's or gateway's 407, 403 or 5xx."""
+    """Why the W&B server cannot be reached, or None if it answers a GraphQL query within ``timeout`` seconds.
+    Only a W&B answer counts (GraphQL, 2xx, or 401 for no credentials), not a proxy's 407, 403 or 5xx."""
     import json
 
     url = wandb_base_url()
@@ -75,9 +71,8 @@ def wandb_unreachable(timeout: float) -> str | None:
 
 
 def wandb_credentials_present() -> bool:
-    """Whether wandb will find credentials for the W&B server this run logs to (``wandb_base_url``: W&B's, or
-    WANDB_BASE_URL's self-hosted one), read as wandb reads them: WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE, or
-    the server's entry in the netrc file (NETRC, else ~/.netrc), where `wandb login [--host URL]` writes it."""
+    """Whether wandb will find credentials for ``wandb_base_url()``: WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE,
+    or that server's netrc entry (where `wandb login` writes it)."""
     if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return True
     from wandb.errors import AuthenticationError
@@ -90,24 +85,19 @@ def wandb_credentials_present() -> bool:
 
 
 class WandbLogger(_LightningWandbLogger):
-    """Lightning's WandbLogger that never waits for an interactive login or an unreachable server: without
-    credentials (and without an explicit WANDB_MODE) it logs offline, to be uploaded later with `vit-sync`;
-    with credentials but no route to the W&B server (a compute node, or a proxy that answers in its place),
-    it logs offline after at most ``reach_timeout`` seconds instead of wandb's own 90 s and a traceback. Only
-    rank zero starts the W&B run (Lightning's ``rank_zero_experiment``), so it alone asks the network, once;
-    the other processes never touch W&B."""
+    """Lightning's WandbLogger that never waits for a login or an unreachable server: without credentials, or
+    with no answer within ``reach_timeout`` seconds (instead of wandb's 90 s and a traceback), it logs offline,
+    to be uploaded later with `vit-sync`. Only rank zero asks the network, once."""
 
     def __init__(self, *args, project: str | None = None, reach_timeout: float = 10.0, **kwargs):
         """
         Args:
-            project: the W&B project; default: the environment's WANDB_PROJECT, else "vit". (The team or user
-                it goes to is W&B's default, or WANDB_ENTITY.)
+            project: the W&B project; default: WANDB_PROJECT, else "vit" (the team: WANDB_ENTITY or W&B's default).
             reach_timeout: seconds to wait for the W&B server's answer before logging offline.
         """
         kwargs["project"] = project or os.environ.get("WANDB_PROJECT") or "vit"
-        # every start of a run (a resume, a requeue) logs to the run's one W&B id, each going on after the last:
-        # Lightning's resume "allow" (the CLI passes wandb.init's default, None, under which a later start of the
-        # run would replace its history); what would not go on is refused before any work
+        # every start of a run appends to its one W&B run: resume "allow" (the CLI passes None, under which a
+        # later start would replace the history); anything else is refused before any work
         if kwargs.get("resume") is None:
             kwargs.pop("resume", None)
         elif kwargs["resume"] != "allow":
@@ -122,8 +112,7 @@ class WandbLogger(_LightningWandbLogger):
         self.reach_timeout = reach_timeout
         mode = os.environ.get("WANDB_MODE")
         if not kwargs.get("offline") and mode is None and not wandb_credentials_present():
-            # wandb's own offline mode (not Lightning's offline=True, which refuses log_model): checkpoint
-            # artifacts are kept in the run folder and uploaded by `vit-sync` with the rest
+            # wandb's offline mode, not Lightning's offline=True (which refuses log_model)
             kwargs["mode"] = "offline"
             rank_zero_info(f"wandb: no credentials found for {wandb_base_url()} (WANDB_API_KEY, or `wandb login` "
                            "in a netrc file), logging offline; "
@@ -132,11 +121,10 @@ class WandbLogger(_LightningWandbLogger):
         self._wandb_init.pop("anonymous", None)  # wandb warns that the setting has no effect
         from vit.cluster.runs import sweep_run_id
 
-        if sweep_run_id():  # a sweep agent's run: W&B takes its id, project and team from the sweep (and warns
-            for key in ("id", "project", "entity"):  # of any other given)
+        if sweep_run_id():  # a sweep's run: W&B takes id, project and team from the sweep (and warns if given)
+            for key in ("id", "project", "entity"):
                 self._wandb_init.pop(key, None)
-        # wandb's service may be another process's, started in another folder (a parent that ran a W&B run
-        # passes it on in WANDB_SERVICE), which reads a relative folder from its own: name it whole
+        # wandb's service may be a parent's (WANDB_SERVICE), started in another folder: pass an absolute dir
         self._wandb_init["dir"] = os.path.abspath(self._wandb_init.get("dir") or ".")
 
     @property
@@ -162,8 +150,8 @@ class _AppendingWriter(ExperimentWriter):
 
 
 class CSVLogger(_LightningCSVLogger):
-    """Lightning's CSVLogger writing ``metrics.csv`` straight into the run folder; a resumed run appends
-    to it (Lightning's would delete it). The learning curves are drawn from this file."""
+    """Lightning's CSVLogger writing ``metrics.csv`` into the run folder, appending on resume (Lightning's
+    deletes the file)."""
 
     def __init__(self, save_dir: str = "."):
         super().__init__(save_dir, name="", version="")
@@ -178,14 +166,12 @@ class CSVLogger(_LightningCSVLogger):
 
 
 def wandb_logger(loggers) -> _LightningWandbLogger | None:
-    """The run's W&B logger (ours or Lightning's own) among ``loggers``, if it has one: the one lookup every
-    part of a run uses."""
+    """The W&B logger (ours or Lightning's) among ``loggers``, or None."""
     return next((lg for lg in loggers if isinstance(lg, _LightningWandbLogger)), None)
 
 
 def end_wandb_run(code: int) -> None:
-    """End the W&B run here rather than in wandb's exit hook, whose closing lines reach a log file with
-    terminal colour codes; wandb.finish() writes them plainly when the output is not a terminal."""
+    """End the W&B run here, not in wandb's exit hook, which writes terminal colour codes into log files."""
     if "wandb" in sys.modules:
         import wandb
 

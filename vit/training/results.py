@@ -1,14 +1,10 @@
-"""A run's record, ``results.json`` in its folder: what was measured (test top-1/top-5, best validation
-accuracy, epochs, steps, seconds, images/s) and what made it (recipe, command line, commit, machine,
-versions). Written when the test ends, after ``fit`` and by ``train.py test``; README's results tables
-are rendered from copies of these records (``vit.reporting.tables``).
+"""A run's record, ``results.json`` in its folder: what was measured and what made it (recipe, command line,
+commit, machine, versions). Written when the test ends; README's results tables are rendered from copies.
 
-A record made from a tree with uncommitted changes (to tracked files, or files git does not track and does
-not ignore: vit.training.commits.tree) says ``"dirty": true`` and names the file beside it that holds them
-(``"diff"``, ``keep_diff``); one whose code state git could not tell says ``"dirty": null``; one of a run that
-commands of other code trained too (resumed on another commit) names that code (``"other_code"``). A field
-filled in by hand after the run is named under ``"corrected"``: ``{"fields": [...], "from": "<the record they
-were copied from, relative to this one's folder>", "why": "..."}``; the tables mark each of these."""
+``"dirty": true``: made with uncommitted changes, kept in the file that ``"diff"`` names; ``"dirty": null``: git
+could not tell. ``"other_code"``: other code that commands of the run ran (e.g. resumed on another commit).
+``"corrected"``: fields filled in by hand, ``{"fields": [...], "from": "<source record, relative to this
+folder>", "why": "..."}``. The tables mark each of these."""
 
 from __future__ import annotations
 
@@ -26,10 +22,8 @@ FILE = "results.json"
 
 
 def keep_diff(path: Path, record: dict) -> None:
-    """A record made from a tree with uncommitted changes (``dirty``) keeps them beside it: this process's
-    diff (read with ``commit``) written to ``<record>.diff`` and named in ``record["diff"]`` (the file's name,
-    in the record's folder). A record that names its diff already (a benchmark's later command) keeps it. Written
-    after the record (``write``): a diff that cannot be written (a full disk) costs a line, never the record."""
+    """Write a dirty record's diff beside it as ``<record>.diff``, named in ``record["diff"]``.
+    A failure (a full disk) only warns: it must never cost the record."""
     diff = commits.this_tree()[1]
     if not (record.get("dirty") and "diff" not in record and diff is not None):
         return
@@ -44,7 +38,7 @@ def keep_diff(path: Path, record: dict) -> None:
 
 
 def write_whole(path: Path, data: str | bytes) -> None:
-    """Whole or not at all: a stopped write leaves no torn file (nor its part, where the write failed)."""
+    """Write whole or not at all: a stopped write leaves no torn file."""
     part = path.with_name(f".{path.name}.part")
     try:
         part.write_bytes(data) if isinstance(data, bytes) else part.write_text(data)
@@ -74,7 +68,7 @@ def cpu_bf16_units() -> list[str]:
 
 
 def gpu_driver() -> str | None:
-    """The NVIDIA driver's version (nvidia-smi's), None where it does not answer."""
+    """The NVIDIA driver's version from nvidia-smi, or None."""
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=20)
@@ -85,9 +79,7 @@ def gpu_driver() -> str | None:
 
 
 def machine(accelerator: str, devices: int) -> dict:
-    """What decides speed: the device that trained or tested (a GPU's name, with the CUDA torch was built
-    for and the driver's version; else the CPU's model) and how many of them; the CPU's model, its bf16
-    units, the threads torch used and the cores it could use."""
+    """What decides speed: the device and its count, CUDA and driver versions, the CPU, its threads and cores."""
     import torch
 
     cpu = {"cpu": cpu_model(), "cpu_bf16": cpu_bf16_units(),
@@ -111,8 +103,7 @@ def versions() -> dict:
 
 
 def command_line(argv: list[str], command: str = "train") -> str:
-    """The command as the user typed it, as far as the process can tell: ``python scripts/NAME.py ...``
-    or the console script ``vit-NAME ...``."""
+    """The command as the user typed it: ``python scripts/NAME.py ...`` or ``vit-NAME ...``."""
     import shlex
 
     program = f"python scripts/{command}.py" if Path(sys.argv[0]).name == f"{command}.py" else f"vit-{command}"
@@ -127,19 +118,17 @@ def provenance(argv: list[str], command: str, accelerator: str, devices: int) ->
 
 
 def other_code(clock: dict) -> list[dict]:
-    """The code other than this command's that commands of a run ran (TrainingClock's ``trees``: each command's
-    commit, ``dirty`` and digest of its changes, vit.training.commits.code), one entry per code with its count of
-    ``commands``; a command the checkpoint does not tell (one resumed from a checkpoint of a version that kept no
-    trees, or an entry not as ``code`` writes it) counts under ``"commit": "not known"``. [] when every command
-    ran this command's code: the record of a run resumed, or tested, on other code says which, and the tables
-    mark it. (A copy installed without git has commit None in every command: those are not told apart.)"""
+    """The code other than this command's that the run's commands ran, each with its count of ``commands``.
+
+    Commands the checkpoint does not describe count as ``"commit": "not known"``. Installs without git have
+    commit None everywhere, so they are not told apart."""
     this = commits.code()
     raw = clock.get("trees")
     trees = [commits.code_of(t) for t in raw] if isinstance(raw, list) else []
     commands = clock.get("commands")
     if isinstance(commands, int) and commands > len(trees):
         trees += [dict(commits.NOT_KNOWN)] * (commands - len(trees))
-    elif isinstance(commands, int) and commands >= 0:  # (a crafted list longer than the commands: their last)
+    elif isinstance(commands, int) and commands >= 0:  # more entries than commands (crafted): the last
         trees = trees[len(trees) - commands:]
     others: dict[tuple, int] = {}
     for t in trees:
@@ -161,14 +150,12 @@ def make(*, recipe: str, argv: list[str], accelerator: str, devices: int, metric
 
 
 def write(run: Path, record: dict, tested: str | None = None) -> Path:
-    """``results.json`` (the run's record, after fit), or ``results-<checkpoint>.json`` for a later
-    ``train.py test`` of one of its checkpoints, so that no record overwrites another; from a tree with
-    uncommitted changes, their diff beside it (``keep_diff``)."""
+    """Write ``results.json`` after fit, or ``results-<checkpoint>.json`` after a later test, and a dirty diff."""
     path = run / (FILE if tested is None else f"results-{tested}.json")
     write_whole(path, json.dumps(record, indent=2) + "\n")
     if record.get("dirty") and "diff" not in record:
         keep_diff(path, record)
-        if "diff" in record:  # (the record again, naming it)
+        if "diff" in record:  # again, naming the diff
             write_whole(path, json.dumps(record, indent=2) + "\n")
     return path
 
@@ -188,10 +175,8 @@ def read(path: Path) -> dict:
 
 def record_run(trainer, module, mode: str, argv: list[str], ckpt: str | None, metrics: dict,
                tested_checkpoint: dict | None, configuration: dict | None = None) -> Path:
-    """results.json in the run folder, and the same record in the W&B run's summary. After fit it describes
-    the run (its clock, steps, epochs) and keeps its effective ``configuration`` (vit.commands.train's: what
-    a plan compares with the run it plans, ``differences``); after ``test`` (``tested_checkpoint``) the
-    checkpoint's run."""
+    """Write the record to the run folder and the W&B summary. After fit it describes the run and keeps its
+    effective ``configuration`` (which plans compare against); after test, the tested checkpoint's run."""
     import torch
 
     from vit import configs
@@ -205,25 +190,25 @@ def record_run(trainer, module, mode: str, argv: list[str], ckpt: str | None, me
         clock = next(cb for cb in trainer.callbacks if isinstance(cb, TrainingClock)).state_dict()
         recipe = configs.recipe_name(argv)
     else:
-        clock = clock_state(tested_checkpoint) or {}  # (a dict, or none: check_fields)
+        clock = clock_state(tested_checkpoint) or {}
         recipe = Path(configs.named_recipes(argv)[-1]).stem if configs.named_recipes(argv) else run.parent.name
     best = module.val_acc_best.max_value  # restored with the tested checkpoint's state
     timer = next((cb for cb in trainer.callbacks if isinstance(cb, TimeToAccuracy)), None)
     reached, reached_wall = (timer.reached, timer.reached_wall) if timer is not None else (None, None)
     record = make(
         recipe=recipe, argv=[mode, *argv] if mode == "test" else argv,
-        # the strategy's device: Lightning's teardown has moved the module back to the CPU by now
+        # not the module's device: Lightning's teardown has moved it to the CPU by now
         accelerator=trainer.strategy.root_device.type, devices=trainer.world_size, metrics=metrics,
         test_images=module.tested_images,
         checkpoint=ckpt and os.path.relpath(ckpt, run), best_val_acc=round(100 * best.item(), 2) if torch.isfinite(best) else None,
         epochs=clock.get("epochs"), steps=clock.get("steps"), training_seconds=clock.get("training_seconds"),
-        # fit: every command the run took (TrainingClock); test: this command
+        # fit: all the run's commands; test: this one
         wall_seconds=clock.get("wall_seconds") if mode == "fit" else round(guards.wall_seconds(), 1),
         train_images_per_second=clock.get("train_images_per_second"),
-        # the commands the run took, and their first batches' seconds (torch.compile's, in training_seconds)
+        # first batches: torch.compile's time, included in training_seconds
         commands=clock.get("commands"), first_batches_seconds=clock.get("first_batches_seconds"),
         validation_seconds=clock.get("validation_seconds"),
-        # the training epochs' seconds alone, and the run's wall seconds beside them
+        # training epochs' seconds alone, and wall seconds
         **({"time_to_val_acc": {f"{t:.2f}": round(s, 1) for t, s in reached.items()},
             "time_to_val_acc_wall": {f"{t:.2f}": round(s, 1) for t, s in reached_wall.items()}}
            if reached is not None else {}),
@@ -231,15 +216,14 @@ def record_run(trainer, module, mode: str, argv: list[str], ckpt: str | None, me
         **({"configuration": configuration} if configuration is not None else {}))
     path = write(run, record, None if mode == "fit" else Path(ckpt).stem)
     wandb = wandb_logger(trainer.loggers)
-    if wandb is not None:  # (the configuration: in the W&B run's config already)
+    if wandb is not None:  # configuration: in the W&B config already
         wandb.experiment.summary.update({k: v for k, v in record.items() if k != "configuration"})
     return path
 
 
 def differences(record: dict, configuration: dict) -> list[str]:
-    """The options in which a record's run differs from ``configuration`` (a run's effective configuration, as
-    vit.commands.train writes it), as ``option: recorded → planned``; [] when it is that run. A record without a
-    configuration (from before records kept it) is not known to be that run: ``configuration: not recorded``."""
+    """How a record's run differs from ``configuration``, as ``option recorded → planned``; [] when it is that run.
+    A record without a configuration (older) cannot be matched."""
     recorded = record.get("configuration")
     if not isinstance(recorded, dict):
         return ["configuration: not recorded"]
@@ -247,8 +231,7 @@ def differences(record: dict, configuration: dict) -> list[str]:
 
 
 def today(value):
-    """``value`` with each class path of a module that moved (vit.MOVED: ``vit.callbacks.Throughput``) written as
-    it is today (``vit.training.callbacks.Throughput``): a record written before the move names the same class."""
+    """``value`` with class paths of moved modules (vit.MOVED) rewritten as today's, so old records still match."""
     from vit import MOVED
 
     if isinstance(value, dict):
@@ -262,8 +245,7 @@ def today(value):
 
 
 def changes(recorded: dict, planned: dict) -> list[str]:
-    """The keys whose values differ between two mappings, each as ``key recorded → planned`` ((none): absent);
-    class paths compared as they are today (``today``)."""
+    """Keys whose values differ, as ``key recorded → planned`` ("(none)" if absent), class paths as of today."""
     missing = object()
     recorded, planned = today(recorded), today(planned)
     return [f"{k} {recorded.get(k, '(none)')} → {planned.get(k, '(none)')}"
