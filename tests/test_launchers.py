@@ -159,16 +159,19 @@ def test_the_processes_join_the_group_their_launcher_made_them_for(no_launcher, 
                                      store or os.environ["MASTER_ADDR"], backend, timeout.total_seconds())))
     at_exit, waited, patient = [], [], []
     no_launcher.setattr("atexit.register", at_exit.append)
-    no_launcher.setattr(dist, "new_group", lambda backend, timeout: waited.append((backend, timeout.total_seconds())))
+    no_launcher.setattr(dist, "new_group", lambda backend, timeout: waited.append((backend, timeout.total_seconds()))
+                        or "meet")
     no_launcher.setattr(launch, "patient_group", lambda: patient.append(len(made)))  # (made after the group)
+    no_launcher.setattr(dist, "barrier", lambda group: patient.append(group))
     if isinstance(joined, str):
         with pytest.raises(ConfigError, match=f"^{joined}: start the processes with torchrun or srun"):
             launch.join_group("gloo", 60)
         return
     launch.join_group("nccl", 60)
     assert made == ([(*joined, "nccl", 60)] if joined else []) and len(at_exit) == len(made)  # (destroyed at exit)
-    # every process is there within the group's time limit, then from_process_zero's group is made
-    assert waited == ([("gloo", 60)] if joined else []) and patient == ([1] if joined else [])
+    # every process is there within the group's time limit, then from_process_zero's group is made, and every
+    # process leaves once all have made it (a barrier on the bounded group)
+    assert waited == ([("gloo", 60)] if joined else []) and patient == ([1, "meet"] if joined else [])
 
 
 def test_torchrun_inside_a_slurm_job_is_torchruns_launch(no_launcher):

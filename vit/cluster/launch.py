@@ -146,10 +146,12 @@ def join_group(backend: str, timeout_seconds: float) -> None:
         env["MASTER_ADDR"], env["MASTER_PORT"] = slurm.main_address, str(slurm.main_port)
         dist.init_process_group(backend, rank=slurm.global_rank(), world_size=slurm.world_size(), timeout=timeout)
     atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())  # (as Lightning does)
-    # all processes meet within the time limit (NCCL's init does not wait for all) before the patient group is
-    # made; kept, since destroying it would close connections a slower process is still opening
-    dist.new_group(backend="gloo", timeout=timeout)
+    # all processes meet within the time limit (NCCL's init does not wait for all), make the patient group, and
+    # leave only once every one has made it (a process that fails at once would otherwise reset the connections
+    # another is still opening); the first group is kept, as destroying it would do the same
+    meet = dist.new_group(backend="gloo", timeout=timeout)
     patient_group()
+    dist.barrier(group=meet)
 
 
 def peers_store():
