@@ -25,8 +25,7 @@ MOVED = {"optimizer": ("optimizer", "name"), "lr": ("optimizer", "lr"), "lr_batc
 
 class Removed(NamedTuple):
     """An option that left: the value that does what the code does now; what another value changed in a test
-    or a resumed run (None: nothing there: the first weights, in the checkpoint's weights by now, or the
-    rounding of Muon's update); why it left, for a command line or recipe that still names it."""
+    or a resumed run (None: nothing); why it left."""
 
     same: object
     changed: str | None
@@ -50,8 +49,7 @@ CHANGED = {key for key, removed in REMOVED.items() if removed.changed}  # (what 
 
 
 def old_option(key: str, value=None) -> str | None:
-    """What to say of a model option ``key`` with ``value`` (``--model.KEY``, or ``model: KEY:`` in a recipe) of an
-    earlier version: where it is now, or why it left; None for an option of this version."""
+    """Where an earlier version's model option is now, or why it left; None for an option of this version."""
     if key in REMOVED:
         return f"--model.{key} is no longer an option: {REMOVED[key].why}"
     if key in MOVED and (key != "optimizer" or value in ("adamw", "muon")):  # (today's is a group)
@@ -62,10 +60,8 @@ def old_option(key: str, value=None) -> str | None:
 
 
 def todays_words(words: list[str]) -> tuple[list[str], list[str]]:
-    """A command line of any version (its words) → the same settings under today's option names: each flat
-    model option under its group (MOVED, as ``upgrade`` moves a checkpoint's), each option that left (REMOVED)
-    dropped. Second, the options that left with a value that did something else than the code does now
-    ("KEY VALUE"): what today's command line cannot say."""
+    """A command line of any version under today's option names (MOVED grouped, REMOVED dropped), and the
+    removed options whose value did something the code no longer does ("KEY VALUE")."""
     import yaml
 
     today, gone, i = [], [], 0
@@ -95,8 +91,7 @@ def todays_words(words: list[str]) -> tuple[list[str], list[str]]:
 
 
 def read_checkpoint(path: str | Path) -> dict:
-    """A training checkpoint (.ckpt) as a dict, validated to hold a state_dict, its model's options as they
-    are now (``upgrade``)."""
+    """A training checkpoint as a dict holding a state_dict, its model's options as they are now (``upgrade``)."""
     import torch
 
     path = Path(path)
@@ -131,8 +126,7 @@ def read_checkpoint(path: str | Path) -> dict:
 
 
 def plain(value, keys: tuple = (str, int, float, bool)) -> bool:
-    """Made of what YAML has too: None, bools, numbers, strings, lists, tuples and dicts of them (their keys of
-    ``keys``)."""
+    """Made of what YAML has too: None, bools, numbers, strings, and lists, tuples and dicts of them."""
     if isinstance(value, (list, tuple)):
         return all(plain(v, keys) for v in value)
     if isinstance(value, dict):
@@ -141,12 +135,9 @@ def plain(value, keys: tuple = (str, int, float, bool)) -> bool:
 
 
 def upgrade(hparams: dict) -> dict:
-    """The model's options as a checkpoint of any version stores them → as ViTClassifier takes them now.
-
-    Flat options of earlier versions move into their group (MOVED). Options that left (REMOVED) are dropped;
-    one whose value changed a resumed run or a test is kept under ``_removed`` (as every key of the stored
-    options that is not one of the model's, it starts with "_") for ``refuse_removed``. Classify, rollout,
-    export and the demo read none of it: the weights, classes and normalisation are the checkpoint's."""
+    """A checkpoint's model options of any version, as ViTClassifier takes them now: flat ones grouped (MOVED),
+    removed ones dropped, except one whose value changed what a resume or a test does, kept under ``_removed``
+    for ``refuse_removed``."""
     grouped, moved, removed = {}, {}, {}
     for key, value in hparams.items():
         if key in REMOVED:
@@ -163,8 +154,7 @@ def upgrade(hparams: dict) -> dict:
 
 
 def refuse_removed(ckpt: dict, name: str | None, resume: bool) -> None:
-    """A checkpoint written with an option that left and changed what a resumed run (``resume``) or a test
-    would do: one line naming it, instead of a run that silently does otherwise."""
+    """A checkpoint written with a removed option that changed what a resume or a test would do: one line."""
     hparams = ckpt.get("hyper_parameters")
     removed = hparams.get("_removed") if isinstance(hparams, dict) else None  # (another: check_fields names it)
     changed = [(k, v) for k, v in removed.items() if k in CHANGED and (resume or k == "tta_flip")] \
@@ -178,9 +168,7 @@ def refuse_removed(ckpt: dict, name: str | None, resume: bool) -> None:
 
 
 def check_fits(ckpt: dict, arch: dict, name: str | None) -> None:
-    """A checkpoint to resume whose weights the command line's model would not take: another ``arch``, or EMA
-    weights where the command line keeps none, or the reverse (``arch["ema"]``: --model.ema_decay given). One
-    line naming the differences."""
+    """A checkpoint to resume whose model is not the command line's ``arch`` (EMA weights included): one line."""
     theirs = {**ckpt.get("hyper_parameters", {}).get("arch", {}),
               "ema": any(key.startswith("ema.") for key in ckpt["state_dict"])}
     named = {"ema": "EMA weights (--model.ema_decay)"}
@@ -195,7 +183,7 @@ CLOCK = "TrainingClock"  # the key of a run's training clock among a checkpoint'
 
 
 def clock_state(ckpt: dict):
-    """A checkpoint's training clock (vit.training.callbacks.TrainingClock) as stored: None without one."""
+    """A checkpoint's TrainingClock state, None without one."""
     callbacks = ckpt.get("callbacks")
     return callbacks.get(CLOCK) if isinstance(callbacks, dict) else None
 
@@ -220,7 +208,6 @@ def figure(value) -> bool:
 
 
 def optional(check):
-    """``check``, or None where the code writes None (no images/s without seconds, no W&B run)."""
     return lambda value: value is None or check(value)
 
 
@@ -228,99 +215,54 @@ def share(value) -> bool:
     return figure(value) and value <= 1
 
 
-def a_float(value) -> bool:
-    return isinstance(value, float)  # (nan too: no finite loss yet)
-
-
-def a_bool(value) -> bool:
-    return isinstance(value, bool)
-
-
-def text(value) -> bool:
-    return isinstance(value, str)
+def is_a(kind: type):
+    return lambda value: isinstance(value, kind)
 
 
 def texts(value) -> bool:
-    return isinstance(value, list) and all(text(v) for v in value)
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
-def counts(value) -> bool:
-    """Lightning's batch counters (vit.data.resume.DataSplit shifts each of them)."""
-    return isinstance(value, dict) and all(whole(v) for v in value.values())
+def keyed(check, keys=is_a(str)):
+    """A dict of values that ``check`` takes, under keys that ``keys`` takes."""
+    return lambda value: isinstance(value, dict) and all(keys(k) and check(v) for k, v in value.items())
 
 
-def thresholds(value) -> bool:
-    """TimeToAccuracy's times reached: each accuracy (a float, written as a str) → seconds."""
-    def accuracy(key) -> bool:
-        try:
-            return isinstance(key, str) and math.isfinite(float(key))
-        except ValueError:
-            return False
-
-    return isinstance(value, dict) and all(accuracy(k) and figure(v) for k, v in value.items())
-
-
-def tensor_of(value, dtype, size: int | None = None) -> bool:
-    import torch
-
-    return isinstance(value, torch.Tensor) and value.dtype == dtype and value.dim() == 1 and \
-        (size is None or value.numel() == size)
-
-
-def torch_takes(state) -> bool:
-    """Whether torch sets its CPU generator to ``state`` (it checks more than the size: "Invalid mt19937 state")."""
-    import torch
-
-    if not tensor_of(state, torch.uint8, torch.get_rng_state().numel()):
+def accuracy(key) -> bool:
+    """TimeToAccuracy's thresholds, floats written as str."""
+    try:
+        return isinstance(key, str) and math.isfinite(float(key))
+    except ValueError:
         return False
-    with torch.random.fork_rng(devices=[]):  # (this process's own state is left as it was)
-        try:
-            torch.set_rng_state(state)
-        except RuntimeError:
-            return False
-    return True
 
 
-def numpy_takes(n) -> bool:
-    """numpy's legacy state as set_rng_states hands it over (at a ``pos`` past its 624 words, numpy would read past
-    them)."""
+def rng_states(value) -> bool:
+    """RNGStates' states, one entry per process, each taken by torch, numpy and random as
+    vit.data.resume.set_rng_states sets them (tried on new generators). numpy's ``pos`` is checked first: past
+    its 624 words numpy would read past them."""
+    import random
+
+    import numpy as np
     import torch
 
-    return (isinstance(n, dict) and text(n.get("kind")) and n["kind"] == "MT19937"
-            and tensor_of(n.get("keys"), torch.int64, 624) and whole(n.get("pos")) and n["pos"] <= 624
-            and integer(n.get("has_gauss")) and n["has_gauss"] in (0, 1) and isinstance(n.get("cached_gaussian"), float))
-
-
-def random_takes(p) -> bool:
-    """random's state as set_rng_states hands it over: version 3's 624 words of 32 bits and its index."""
-    import torch
-
-    if not (isinstance(p, dict) and integer(p.get("version")) and p["version"] == 3
-            and tensor_of(p.get("internal"), torch.int64, 625)):
+    try:
+        for states in value:
+            n, p, cuda = states["numpy"], states["python"], states["cuda"]
+            if not (whole(n["pos"]) and n["pos"] <= 624 and optional(is_a(float))(p["gauss"])
+                    and (cuda is None or isinstance(cuda, torch.Tensor) and cuda.dtype == torch.uint8)):
+                return False
+            torch.Generator().set_state(states["torch"])
+            np.random.RandomState().set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"],
+                                               n["has_gauss"], n["cached_gaussian"]))
+            random.Random().setstate((p["version"], tuple(p["internal"].tolist()), p["gauss"]))
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError, OverflowError):
         return False
-    words, index = p["internal"][:-1], p["internal"][-1].item()
-    return bool(((words >= 0) & (words < 2 ** 32)).all()) and 0 <= index <= 624 and \
-        (p.get("gauss") is None or isinstance(p["gauss"], float))
-
-
-def process_rng(states) -> bool:
-    """One process's RNG states as vit.data.resume.rng_states writes them, in the shapes its set_rng_states sets them
-    from (torch, numpy and random would refuse others mid-run, with a traceback)."""
-    import torch
-
-    return isinstance(states, dict) and torch_takes(states.get("torch")) and \
-        (states.get("cuda") is None or tensor_of(states["cuda"], torch.uint8)) and \
-        numpy_takes(states.get("numpy")) and random_takes(states.get("python"))
-
-
-def rng_list(value) -> bool:
-    """RNGStates' states: one process's (``process_rng``) for each process of the run."""
-    return isinstance(value, list) and len(value) > 0 and all(process_rng(states) for states in value)
+    return isinstance(value, list) and len(value) > 0
 
 
 def validation_split(value) -> bool:
-    """An image folder's validation split as vit.data.datamodules.ImageFolderDataModule writes it: "val/", EARLIER,
-    or a drawn one (``images``: the images it was drawn over, which an earlier version did not record)."""
+    """An image folder's split as ImageFolderDataModule writes it: "val/", EARLIER, or a drawn one (``images``:
+    the images it was drawn over, which an earlier version did not record)."""
     keys = {"seed", "val_size", "classes", "limits"}
     if isinstance(value, str):
         return value in ("val/", EARLIER)
@@ -333,40 +275,39 @@ def validation_split(value) -> bool:
 DATA = "<data module>"  # (in FIELDS: the command line's data module's key, its class's name: ``module_key``)
 PROGRESS = ("loops", "fit_loop", "epoch_loop.batch_progress")  # (Lightning's: vit.private_api)
 
-# Each field of a checkpoint this program reads back, by its path: what it must be. An edited or crafted value
-# would stop a run part way with a traceback, or reach the record; a field an earlier version did not write may be
-# missing. The clock's ``trees`` are read leniently instead (vit.training.commits.code_of: code not known).
+# Each field of a checkpoint this program reads back, by its path: what it must be (a crafted value would stop a
+# run part way with a traceback, or reach the record). A field may be missing. The clock's ``trees`` are read
+# leniently instead (vit.training.commits.code_of).
 FIELDS = {
     **{("callbacks", CLOCK, key): whole for key in ("train_images", "steps", "commands")},
     **{("callbacks", CLOCK, key): figure for key in ("training_seconds", "epochs", "wall_seconds",
                                                       "validation_seconds", "first_batches_seconds")},
     ("callbacks", CLOCK, "train_images_per_second"): optional(figure),  # (None: no seconds yet)
-    ("callbacks", "TimeToAccuracy", "reached"): thresholds,
-    ("callbacks", "TimeToAccuracy", "reached_wall"): thresholds,
-    ("callbacks", "StopOnNonFinite", "last_finite_loss"): a_float,
+    ("callbacks", "TimeToAccuracy", "reached"): keyed(figure, accuracy),
+    ("callbacks", "TimeToAccuracy", "reached_wall"): keyed(figure, accuracy),
+    ("callbacks", "StopOnNonFinite", "last_finite_loss"): is_a(float),  # (nan too: no finite loss yet)
     ("callbacks", "RNGStates", "epoch"): whole,
     ("callbacks", "RNGStates", "batches"): whole,
-    ("callbacks", "RNGStates", "states"): rng_list,
-    (*PROGRESS, "current"): counts,
-    (*PROGRESS, "total"): counts,
-    (*PROGRESS, "is_last_batch"): a_bool,
+    ("callbacks", "RNGStates", "states"): rng_states,
+    (*PROGRESS, "current"): keyed(whole),
+    (*PROGRESS, "total"): keyed(whole),
+    (*PROGRESS, "is_last_batch"): is_a(bool),
     ("schedule", "warmup_end_time"): optional(figure),
     ("schedule", "share"): share,
     ("vit", "warmup_end_time"): optional(figure),  # (the schedule's, before it had its own entry)
     ("vit", "run_share"): share,
     ("vit", "class_names"): texts,
-    ("vit", "launch"): optional(text),
-    ("vit", "wandb_run_id"): optional(text),
+    ("vit", "launch"): optional(is_a(str)),
+    ("vit", "wandb_run_id"): optional(is_a(str)),
     ("global_step",): whole,
-    ("hyper_parameters", "arch"): lambda value: isinstance(value, dict),
+    ("hyper_parameters", "arch"): is_a(dict),
     ("hyper_parameters", "_removed"): lambda value: isinstance(value, dict) and set(value) <= CHANGED,
     ("callbacks", "EpochSeed", "next_epoch"): whole,
-    ("callbacks", "Timer", "time_elapsed"): lambda value: isinstance(value, dict) and all(
-        text(k) and figure(v) for k, v in value.items()),  # (Lightning's Timer's, kept by StepEndTimer)
+    ("callbacks", "Timer", "time_elapsed"): keyed(figure),  # (Lightning's Timer's, kept by StepEndTimer)
     # the data's position (vit.data.resume.DataPosition) and its split (CIFAR-10's split, an image folder's held_out)
     **{(DATA, key): whole for key in ("train_epochs", "epoch", "images", "skipped_images", "batch_images",
                                       "step_images", "train_images")},
-    (DATA, "epoch_end"): a_bool,
+    (DATA, "epoch_end"): is_a(bool),
     (DATA, "held_out"): validation_split,
     (DATA, "split", "val_size"): figure,
     (DATA, "split", "seed"): integer,
@@ -374,16 +315,14 @@ FIELDS = {
 }
 
 
-# fields written with another: a checkpoint that has the field has them too (the data's position in images came
-# with its epoch and skipped images; an earlier version's position in loader batches had an epoch alone)
+# fields written together: a checkpoint that has the first has the others too
 TOGETHER = {(DATA, "images"): ("epoch", "skipped_images"),
             **{("callbacks", "RNGStates", key): ("epoch", "batches", "states") for key in ("epoch", "batches", "states")}}
 MISSING = type("Missing", (), {"__repr__": lambda self: "missing"})()
 
 
 def module_key(data: dict) -> str:
-    """Where a checkpoint keeps the state of the command line's data module ``data`` (its ``class_path`` and its
-    arguments): under its class's name."""
+    """Where a checkpoint keeps the state of the data module ``data`` names: under its class's name."""
     return str(data.get("class_path", "")).rsplit(".", 1)[-1]
 
 
@@ -392,11 +331,8 @@ def shown(value) -> str:  # (a crafted whole number may have more digits than Py
 
 
 def check_fields(ckpt: dict, name, data_key: str, testing: bool = False) -> None:
-    """Every field of ``ckpt`` in FIELDS as this program writes it, or one line naming those that are not, before any
-    work (CheckpointError); a level the table goes into must be a dict. ``data_key``: the command line's data
-    module's (``module_key``). A checkpoint to resume (not ``testing``) also holds the training clock and the data's
-    position in images, or it is refused: an earlier version wrote it."""
-    # (vit.data.resume.DataPosition's state, in a data module's: in loader batches before it was in images)
+    """Every field of ``ckpt`` in FIELDS as this program writes it, or one CheckpointError naming those that are
+    not. A checkpoint to resume must also hold the training clock and the data's position in images."""
     in_batches = any(isinstance(v, dict) and "train_epochs" in v and "images" not in v for v in ckpt.values())
     if not testing and (clock_state(ckpt) is None or in_batches):
         raise CheckpointError(f"{name}: written by an earlier version, which did not record its training clock or "
@@ -428,7 +364,7 @@ def check_fields(ckpt: dict, name, data_key: str, testing: bool = False) -> None
 
 
 def check_classes(ckpt: dict, num_classes: int, name) -> None:
-    """A checkpoint resumed or tested with data of another number of classes (its head would not fit): one line."""
+    """A checkpoint used with data of another number of classes (its head would not fit): one line."""
     names = ckpt.get("vit", {}).get("class_names")  # (a list of texts: check_fields)
     if names is not None and len(names) != num_classes:
         raise DatasetError(f"{name}: its model classifies {len(names)} classes ({', '.join(names[:5])}"
@@ -437,8 +373,7 @@ def check_classes(ckpt: dict, num_classes: int, name) -> None:
 
 
 def check_weights(module, path, ckpt: dict) -> None:
-    """A checkpoint to test or resume whose weights do not fit the model (crafted, or edited): one line, before
-    any work, instead of Lightning's traceback."""
+    """Weights that do not fit the model (crafted, or edited): one line before any work, not Lightning's traceback."""
     try:
         module.load_state_dict(ckpt["state_dict"])  # (strict, as Lightning loads it)
     except RuntimeError as e:
@@ -447,10 +382,7 @@ def check_weights(module, path, ckpt: dict) -> None:
 
 
 def check_checkpoint(ckpt: dict, name, data: dict, arch: dict | None = None) -> None:
-    """What vit-train reads of a checkpoint, checked before any work: its fields are as this program writes them
-    (``check_fields``), it was not written with an option that left and changed what it would do
-    (``refuse_removed``), its model fits the command line's ``arch`` (``check_fits``) and its split the command
-    line's ``data`` (``check_split``). ``arch`` None: a checkpoint to test, not to resume."""
+    """Everything vit-train reads of a checkpoint, checked before any work. ``arch`` None: to test, not resume."""
     testing = arch is None
     refuse_removed(ckpt, name, resume=not testing)  # (before check_fields: the line that says how to go on)
     check_fields(ckpt, name, module_key(data), testing)
@@ -460,20 +392,15 @@ def check_checkpoint(ckpt: dict, name, data: dict, arch: dict | None = None) -> 
 
 
 def held_out_count(val_size: int | float, images: int) -> int:
-    """The validation images ``--data.val_size`` holds out of ``images``: a count as given, a fraction's share (1 at
-    least)."""
+    """The validation images ``--data.val_size`` (a count or a fraction) holds out of ``images``."""
     return val_size if isinstance(val_size, int) else max(1, round(val_size * images))
 
 
 def check_split(ckpt: dict, data: dict, name, testing: bool = False) -> None:
-    """A resume (or a test of an image folder's held-out images) whose validation split is not the checkpoint's,
-    refused in one line before any work (W&B, the folder's index, a device): it would validate on images the run
-    trained on. ``data``: the command line's data module (``class_path`` and its arguments). The split the
-    checkpoint records (its data module's state: CIFAR-10's ``split``, an image folder's ``held_out``) decides;
-    a ``--data.val_size`` that holds out as many of the images it was drawn over (a fraction or the count it
-    means) and the same ``--data.seed`` keep it. An image folder's split must also find the folder as it left
-    it: the same class folders, and val/ where it validated on val/, none where it drew from train/. The split is
-    as this program writes it (check_fields has refused another before this)."""
+    """A resume (or a test of an image folder's held-out images) whose validation split is not the checkpoint's:
+    one line before any work, as it would validate on images the run trained on. The same ``--data.seed`` and a
+    ``--data.val_size`` that holds out as many images (as a fraction or a count) keep the split; an image folder
+    must also have the same class folders, and val/ exactly where the run validated on it."""
     state = ckpt.get(module_key(data)) or {}
     root = Path(str(data.get("root")))
     if "held_out" in state and not (testing and (root / "test").is_dir()):  # (a test/ folder: the split tests nothing)
