@@ -288,6 +288,7 @@ def test_a_checkpoint_field_not_as_written_is_refused_in_one_line_and_one_as_wri
     rng = rng_states()
     for part, crafted in (("torch", torch.zeros(5056, dtype=torch.uint8)), ("numpy", {**rng["numpy"], "pos": 625}),
                           ("numpy", {**rng["numpy"], "has_gauss": torch.zeros(2)}), ("cuda", torch.zeros(16)),
+                          ("cuda", torch.zeros(3, dtype=torch.uint8)),
                           ("python", {**rng["python"], "internal": torch.zeros(625, dtype=torch.int64) - 1})):
         states = [{**rng, part: crafted}]  # (what torch, numpy (past its key at pos 625) or random would not set)
         assert refused("callbacks.RNGStates.states", states).startswith("x.ckpt: not as this program writes it "

@@ -114,7 +114,8 @@ def allocated_gpus() -> str | None:
 
 def join_group(backend: str, timeout_seconds: float) -> None:
     """Make the default process group, as Lightning would, before the run folder is decided: process 0 hands its
-    decision over it (runs.open_for_fit). All ``torchrun --max-restarts`` attempts share the agent's store and
+    decision over it (runs.open_for_fit). Every process calls it; a WORLD_SIZE over 1 that names no way to reach
+    the others is refused in one line. All ``torchrun --max-restarts`` attempts share the agent's store and
     torch 2.14 keys worker addresses alike in each, so a restarted worker may dial a dead one ("Connection
     refused"); a per-attempt ``PrefixStore`` keeps attempts apart."""
     import atexit
@@ -156,8 +157,6 @@ def join_group(backend: str, timeout_seconds: float) -> None:
 
 def peers_store():
     """A client of the process group's store for messages outside collectives (Watchdog), keyed per attempt."""
-    from datetime import timedelta
-
     import torch.distributed as dist
 
     env = os.environ
@@ -192,8 +191,6 @@ def apply_allocation(trainer) -> None:
 def parallelism(trainer: dict, ddp_timeout: float) -> dict:
     """The Trainer's strategy and plugins: DDP with ``ddp_timeout`` when several processes train, atomic
     checkpoints, and under SLURM Lightning's requeue handler off (it deadlocks DDP; StopOnSignal handles SIGUSR1)."""
-    from datetime import timedelta
-
     from lightning.pytorch.plugins.environments import SLURMEnvironment
 
     from vit.cluster.checkpoint_io import AtomicCheckpointIO
@@ -215,8 +212,8 @@ def parallelism(trainer: dict, ddp_timeout: float) -> dict:
 
 
 def from_process_zero(make: Callable[[], T], what: str) -> T:
-    """Run ``make()`` on process 0 only and give its result (or BadInput/Stopped) to every process. The others
-    wait on ``patient_group`` as long as process 0 works, logging once a minute; any other failure of process 0
+    """Run ``make()`` on process 0 only and give its result (or BadInput/Stopped) to every process, in one
+    broadcast on ``patient_group`` (every process calls it, in the same order). The others wait as long as process 0 works, logging once a minute; any other failure of process 0
     ends them with a line naming it (exit 5), and a process that dies ends the others at once."""
     import torch.distributed as dist
 

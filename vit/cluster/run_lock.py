@@ -4,7 +4,8 @@ Process 0 holds ``<run>/.lock`` for its whole fit: a POSIX ``lockf`` lock (freed
 record whose heartbeat a thread rewrites every ``HEARTBEAT_SECONDS``. Where the lock cannot be seen (no locking, or
 node-local locks seen from another host), a heartbeat younger than ``STALE_SECONDS`` counts as held. A start on a
 held folder fails before touching it, unless the holder is an earlier attempt of the same launch (a requeue).
-Only this module opens the file: closing any descriptor of it drops the lock. vit-sync skips held folders.
+Only process 0 takes or reads it (it hands the others its decision), and only this module opens the file:
+closing any descriptor of it drops the lock. vit-sync skips held folders.
 """
 
 from __future__ import annotations

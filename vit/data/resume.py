@@ -90,7 +90,8 @@ class DataPosition:
 
 def check_global_batch(ckpt: dict, datamodule, accumulate: int, name: str | None = None) -> None:
     """Refuse, before training, a resume that changes the global batch (batch size × accumulation), which would
-    change the steps per epoch, the learning-rate scaling and the schedule. Any split of it is allowed."""
+    change the steps per epoch, the learning-rate scaling and the schedule; a split of it must reach the
+    checkpoint's place in the data exactly (``check_position``)."""
     state = ckpt.get(type(datamodule).__qualname__) or {}
     batch = getattr(datamodule, "batch_size", None)
     batch = batch if isinstance(batch, int) else None

@@ -238,18 +238,21 @@ def accuracy(key) -> bool:
 
 def rng_states(value) -> bool:
     """RNGStates' states, one entry per process, each taken by torch, numpy and random as
-    vit.data.resume.set_rng_states sets them (tried on new generators). numpy's ``pos`` is checked first: past
-    its 624 words numpy would read past them."""
+    vit.data.resume.set_rng_states sets them (tried on new generators; the CUDA state, which a CPU cannot try, by
+    its shape). numpy's ``pos`` is checked first: past its 624 words numpy would read past them."""
     import random
 
     import numpy as np
     import torch
 
+    if not isinstance(value, list) or not value:
+        return False
     try:
         for states in value:
             n, p, cuda = states["numpy"], states["python"], states["cuda"]
             if not (whole(n["pos"]) and n["pos"] <= 624 and optional(is_a(float))(p["gauss"])
-                    and (cuda is None or isinstance(cuda, torch.Tensor) and cuda.dtype == torch.uint8)):
+                    and (cuda is None or isinstance(cuda, torch.Tensor) and cuda.dtype == torch.uint8
+                         and cuda.shape == (16,))):  # (a CUDA generator's seed and offset)
                 return False
             torch.Generator().set_state(states["torch"])
             np.random.RandomState().set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"],
@@ -257,7 +260,7 @@ def rng_states(value) -> bool:
             random.Random().setstate((p["version"], tuple(p["internal"].tolist()), p["gauss"]))
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError, OverflowError):
         return False
-    return isinstance(value, list) and len(value) > 0
+    return True
 
 
 def validation_split(value) -> bool:

@@ -26,9 +26,10 @@ class Watchdog(L.Callback):
     forever, and under DDP it is killed silently once the others' collectives time out (``BACKSTOP`` later).
     Runs in its own thread, which the stuck waits (queue, socket, collective) leave free by releasing the GIL.
 
-    Slow work gets ``SLOW`` seconds: a stage's start (model setup, checkpoint restore), every torch.compile
-    compile, and a first batch of a new shape or image size through its optimizer step, whose all-reduce
-    waits for the other processes' compiles.
+    Slow work gets ``SLOW`` seconds (or ``seconds`` if longer): a stage's start (model setup, checkpoint restore),
+    every torch.compile compile, and a first batch of a new shape or image size through its optimizer step. A
+    process waiting there for another's longer compile is still bounded by the process group's timeout
+    (``seconds`` + ``BACKSTOP``): compile times that differ by more end the run with exit 5.
 
     Under DDP a process failing for a known cause writes it to the process group's store (``tell_others``);
     the others' ``listen`` threads exit with the same status instead of waiting for a timeout."""
