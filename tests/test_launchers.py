@@ -215,3 +215,38 @@ def test_a_test_under_a_launcher_of_several_processes_is_refused_before_any_fold
     assert code == 2 and list(tmp_path.iterdir()) == [] and launch.processes() == count
     refused = f"test evaluates on one process, and this launch has {count}: start it as one"
     assert (refused in error) == (count > 1) and ("no such checkpoint file" in error) == (count == 1), error
+
+
+def test_a_failure_is_printed_once_by_the_first_process_that_fails(no_launcher, capsys):
+    """A failure's line is printed once for all processes that fail alike. In a process group, the first to fail
+    writes it into the group's store and prints it; a process failing alike after it prints nothing, one failing
+    otherwise (its node's data is missing) prints its own. Before a group exists, process 0 alone prints a
+    failure every process meets alike (the command line's)."""
+    import socket
+
+    import torch.distributed as dist
+    from lightning.pytorch.utilities import rank_zero_only
+
+    no_launcher.setattr(rank_zero_only, "rank", 1)
+    launch.say_failure(2, "a bad option", "error: a bad option", alike=True)
+    launch.say_failure(7, "out of memory", "error: out of memory", alike=False)
+    assert capsys.readouterr().err == "error: out of memory\n"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    no_launcher.setenv("MASTER_ADDR", "127.0.0.1")
+    no_launcher.setenv("MASTER_PORT", str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        store = launch.peers_store()
+        store.set(launch.FAILED, "2\t1\ta bad option")  # process 1 told it first
+        for status, line in ((2, "a bad option"), (7, "out of memory")):
+            launch.say_failure(status, line, f"error: {line}", alike=status == 2)
+        assert capsys.readouterr().err == "error: out of memory\n"
+        assert store.add(launch.READ, 0) == 2  # both read process 1's
+        store.delete_key(launch.FAILED)
+        launch.say_failure(2, "a bad option", "error: a bad option", alike=True)
+        assert capsys.readouterr().err == "error: a bad option\n"
+        assert store.get(launch.FAILED).decode() == "2\t0\ta bad option"
+    finally:
+        dist.destroy_process_group()

@@ -170,6 +170,42 @@ def peers_store():
     return dist.PrefixStore(f"vit/peers/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
+FAILED, READ = "failed", "read"  # in peers_store: the first failure told (status, rank, line); how many read it
+ACKS = 10.0  # how long the first to fail waits for the others to read it (process 0 hosts the store)
+
+
+def say_failure(status: int, line: str, shown: str | None, alike: bool) -> None:
+    """Print ``shown`` (None: nothing, a bug's traceback says it) once for all processes that fail alike, and tell
+    the others, whose Watchdog then ends them with it. In a process group, the first process to fail tells it
+    through the group's store and prints it; a later one prints only a failure of its own (a node's missing
+    data, say). Before a group exists only the command line was read, alike everywhere: process 0 prints
+    ``alike`` failures for all."""
+    import time
+
+    import torch.distributed as dist
+    from lightning.pytorch.utilities import rank_zero_only
+
+    store = peers_store()
+    rank = dist.get_rank() if store is not None else rank_zero_only.rank
+    mine = f"{status}\t{rank}\t{' '.join(line.split())}"
+    try:
+        first = store and store.compare_set(FAILED, "", mine).decode()
+        if first and first != mine:
+            store.add(READ, 1)
+    except dist.DistError:  # process 0, the store's host, is gone
+        first = None
+    elsewhere = first != mine and first.split("\t", 2)[::2] == mine.split("\t", 2)[::2] if first else \
+        rank != 0 and alike
+    if shown is not None and not elsewhere:
+        print(shown, file=sys.stderr, flush=True)
+    deadline = time.monotonic() + ACKS
+    try:
+        while first == mine and store.add(READ, 0) < dist.get_world_size() - 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    except dist.DistError:
+        pass
+
+
 def apply_allocation(trainer) -> None:
     """Under SLURM or torchrun, set the Trainer's devices and nodes to the allocation, whatever the recipe says."""
     allocated = allocation()

@@ -25,7 +25,7 @@ from jsonargparse import ActionConfigFile, ArgumentError, DefaultHelpFormatter, 
 from jsonargparse.typing import PositiveFloat, PositiveInt
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.environments import LightningEnvironment
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities import rank_zero_info
 
 from vit import configs, exits, failures
 from vit.cluster import gpus, launch, run_lock, runs
@@ -346,14 +346,6 @@ def test_on_one_process(trainer: L.Trainer, model, datamodule, ckpt: str | None)
     return metrics
 
 
-def tell_others(cli: ViTCLI | None, code: int, line: str) -> None:
-    """Under DDP, make the other processes end with this status and line."""
-    trainer = getattr(cli, "trainer", None)
-    watchdog = next((c for c in getattr(trainer, "callbacks", []) if isinstance(c, Watchdog)), None)
-    if watchdog is not None:
-        watchdog.tell_others(code, line)
-
-
 class _Built(Exception):
     """Ends a ViTCLI's construction once its parser is built (nothing parsed, nothing made)."""
 
@@ -467,11 +459,9 @@ def main(argv: list[str] | None = None) -> int:
         run_lock.release()  # (after W&B's end: the folder is this run's until then)
         bug = sys.exc_info()[1]
         if code == 1 and isinstance(bug, Exception):
-            tell_others(cli, code, f"a bug, whose traceback that process prints: {type(bug).__name__}: "
-                                   f"{failures.first_line(bug)}")
-    # say it once when every process fails alike; a full disk or out-of-memory is one process's own
+            launch.say_failure(code, f"a bug, whose traceback that process prints: {type(bug).__name__}: "
+                                     f"{failures.first_line(bug)}", None, False)
+    # a full disk or out-of-memory is one process's own; the others every process may meet alike
     alike = code in [exits.status_of(e()) for e in (exits.BadInput, exits.TrainingDiverged, exits.Stopped)]
-    if rank_zero_only.rank == 0 or not alike:
-        print(failures.said(message, code), file=sys.stderr)
-    tell_others(cli, code, message)
+    launch.say_failure(code, message, failures.said(message, code), alike)
     return code

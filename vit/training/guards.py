@@ -15,6 +15,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from vit.cluster.launch import FAILED, READ
 from vit.exits import LostProcesses, Preempted, TrainingDiverged, status_of
 from vit.training.graphs import graph
 from vit.training.loggers import wandb_logger
@@ -31,14 +32,14 @@ class Watchdog(L.Callback):
     process waiting there for another's longer compile is still bounded by the process group's timeout
     (``seconds`` + ``BACKSTOP``): compile times that differ by more end the run with exit 5.
 
-    Under DDP a process failing for a known cause writes it to the process group's store (``tell_others``);
-    the others' ``listen`` threads exit with the same status instead of waiting for a timeout."""
+    Under DDP a process failing for a known cause writes it to the process group's store
+    (vit.cluster.launch.say_failure); the others' ``listen`` threads exit with the same status instead of waiting
+    for a timeout."""
 
     BACKSTOP = 60.0
     SLOW = 3600.0  # a compile, a stage's start
     POLL = 1.0  # how often the others' store is read
     GRACE = 3.0  # time for a process failing for the same cause to end by itself
-    ACKS = 10.0  # how long a failing process waits for the others to read it (rank 0 hosts the store)
 
     def __init__(self, seconds: float):
         self.seconds = seconds
@@ -90,7 +91,7 @@ class Watchdog(L.Callback):
 
     def setup(self, trainer, pl_module, stage):
         self.alive(slow="its start (the model's setup and weights, a checkpoint's restore)")
-        self.rank, self.world, self.stopped = trainer.global_rank, trainer.world_size, threading.Event()
+        self.rank, self.stopped = trainer.global_rank, threading.Event()
         self.before = None
         torch._dynamo.callback_handler.register_start_callback(self.compiles)
         torch._dynamo.callback_handler.register_end_callback(self.compiled)
@@ -148,28 +149,6 @@ class Watchdog(L.Callback):
             print(f"error: process {self.rank}: process {rank} failed, and this one stopped with it instead of "
                   f"waiting for it: {line}", file=sys.__stderr__, flush=True)
             os._exit(int(status))
-
-    def tell_others(self, status: int, line: str) -> None:
-        """Tell the others this process fails with ``status`` (``listen``). Only the first failure is told; its
-        process waits up to ``ACKS`` seconds for the others to read it, since rank 0 hosts the store."""
-        import torch.distributed as dist
-        from torch.distributed import DistError
-
-        if self.store is None or not dist.is_initialized():  # e.g. rank 0 testing alone after fit
-            return
-        said = f"{status}\t{self.rank}\t{' '.join(line.split())}"
-        try:
-            if self.store.compare_set(FAILED, "", said).decode() != said:  # another process said it first
-                self.store.add(READ, 1)
-                return
-            deadline = time.monotonic() + self.ACKS
-            while self.store.add(READ, 0) < self.world - 1 and time.monotonic() < deadline:
-                time.sleep(0.1)
-        except DistError:  # the store's host is gone
-            pass
-
-
-FAILED, READ = "failed", "read"  # the first failure (status, rank, line); how many processes read it
 
 
 def watch(loss: torch.Tensor, norm: torch.Tensor, bad_step: torch.Tensor, last_finite: torch.Tensor,
