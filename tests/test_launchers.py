@@ -250,3 +250,29 @@ def test_a_failure_is_printed_once_by_the_first_process_that_fails(no_launcher, 
         assert store.get(launch.FAILED).decode() == "2\t0\ta bad option"
     finally:
         dist.destroy_process_group()
+
+
+PER_NODE_UNSAID = {k: v for k, v in SLURM_JOB.items() if k != "SLURM_NTASKS_PER_NODE"}
+
+
+@pytest.mark.parametrize("env, refused", [
+    ({"SLURM_JOB_NAME": "interactive", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2"}, "separate runs"),
+    ({"SLURM_JOB_NAME": "bash", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_PTY_PORT": "4"}, None),
+    ({"SLURM_JOB_NAME": "bash", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "WORLD_SIZE": "2"}, None),
+    (SLURM_JOB, None),
+    (PER_NODE_UNSAID, "no tasks per node"),
+])
+def test_slurm_tasks_that_lightning_would_not_train_as_one_run_are_refused(env, refused, no_launcher):
+    """srun's tasks in an interactive job (not those of an `srun --pty bash` shell, where one runs; not those a
+    launcher of the user's numbered), and a job's tasks asked for without --ntasks-per-node."""
+    from vit.exits import ConfigError
+
+    for key in ("SLURM_PTY_PORT", "SLURM_STEP_NUM_TASKS"):
+        no_launcher.delenv(key, raising=False)
+    for key, value in env.items():
+        no_launcher.setenv(key, value)
+    if refused is None:
+        launch.check_slurm_tasks()
+        return
+    with pytest.raises(ConfigError, match=refused):
+        launch.check_slurm_tasks()

@@ -131,3 +131,43 @@ def test_the_local_cluster_script_is_idempotent(slurm):
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"local SLURM cluster up: node \S+, \d+ CPUs \(local\* (idle|mixed|allocated)\)", proc.stdout)
+
+
+def test_an_interactive_step_of_several_tasks_is_refused_and_a_pty_shell_tests(slurm, fake_cifar_session,
+                                                                             trained_checkpoint, tmp_path):
+    """In an interactive job (salloc: its steps are named "interactive", which Lightning does not take for a
+    SLURM launch), `srun -n 2 python scripts/train.py` would train 2 separate runs: it is refused in one line,
+    before any folder. Named (`srun --job-name vit`), the step needs --ntasks-per-node, as Lightning does (one
+    line, not its traceback), and with it trains one run on its 2 tasks. In an `srun -n 2 --pty bash` shell,
+    whose other task ends, what one types runs once: `test` evaluates there."""
+    import shutil
+    import sys
+
+    from launch import ROOT
+
+    train = [sys.executable, str(ROOT / "scripts" / "train.py"), "--config", "smoke", *DATA_ARGS,
+             "--data.root", str(fake_cifar_session), "--trainer.logger", "false"]
+    refusals = {("-n", "2"): "this srun step starts 2 tasks in an interactive job (named interactive), which "
+                             "Lightning would train as 2 separate runs: name the step to train one run on all of "
+                             "them (srun --job-name NAME --ntasks-per-node 2), or start one task",
+                ("--job-name", "vit", "-n", "2"): "this SLURM job runs 2 tasks and says no tasks per node, which "
+                                                  "Lightning needs: ask for them with --nodes and --ntasks-per-node "
+                                                  "instead of --ntasks"}
+    for step, refusal in refusals.items():
+        out = subprocess.run(["salloc", "-n", "2", "srun", *step, *train], cwd=tmp_path, env=user_env(),
+                             capture_output=True, text=True, timeout=300)
+        said = out.stdout + out.stderr
+        assert [line for line in said.splitlines() if line.startswith("error:")] == [f"error: {refusal}"], said[-3000:]
+        assert out.returncode == 2 and "Traceback" not in said and not (tmp_path / "runs").exists()
+    named = subprocess.run(["salloc", "-n", "2", "srun", "--job-name", "vit", "--ntasks-per-node", "2", *train,
+                            "--trainer.max_epochs", "1", "--test_after_fit", "false"],
+                           cwd=tmp_path, env=user_env(), capture_output=True, text=True, timeout=300)
+    said = named.stdout + named.stderr
+    assert named.returncode == 0, said[-3000:]
+    (run,) = (tmp_path / "runs" / "smoke").iterdir()  # one run, of both tasks
+    assert run.name.startswith("slurm-") and "2 process(es) per node on 1 node(s)" in said
+    shutil.copy(trained_checkpoint, tmp_path / "trained.ckpt")
+    typed = " ".join([*train[:2], "test", "--ckpt_path", "trained.ckpt", *train[4:]])
+    shell = subprocess.run(["script", "-qec", "srun -n 2 --pty bash", "/dev/null"], input=f"{typed}; exit $?\n",
+                           cwd=tmp_path, env=user_env(), capture_output=True, text=True, timeout=300)
+    assert shell.returncode == 0 and re.search(TEST_LINE, shell.stdout), shell.stdout[-3000:]

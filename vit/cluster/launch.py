@@ -98,8 +98,31 @@ def processes() -> int:
     """How many processes run this command together, per the launcher (1 without one; torchrun wins in SLURM)."""
     env = os.environ
     said = [env.get("WORLD_SIZE")] if under_torchrun() else \
-        [env.get("WORLD_SIZE"), env.get("SLURM_STEP_NUM_TASKS"), slurm_job() and env.get("SLURM_NTASKS")]
+        [env.get("WORLD_SIZE"), str(step_tasks()), slurm_job() and env.get("SLURM_NTASKS")]
     return max([int(n) for n in said if n and n.isdigit()], default=1)
+
+
+def step_tasks() -> int:
+    """The tasks of this srun step that run this command: 1 in an ``srun --pty`` shell, whose other tasks end."""
+    tasks = os.environ.get("SLURM_STEP_NUM_TASKS", "")
+    return int(tasks) if tasks.isdigit() and not os.environ.get("SLURM_PTY_PORT") else 1
+
+
+def check_slurm_tasks() -> None:
+    """Refuse, in one line, the SLURM tasks that Lightning would not train as one run: the tasks of an srun step
+    in an interactive job (named ``bash`` or ``interactive``: each would train a run of its own), and a job's
+    several tasks without ``--ntasks-per-node`` (Lightning's SLURM environment needs it)."""
+    env, tasks = os.environ, step_tasks()
+    if under_torchrun() or "WORLD_SIZE" in env:
+        return
+    if tasks > 1 and not slurm_job():
+        raise ConfigError(f"this srun step starts {tasks} tasks in an interactive job (named "
+                          f"{env.get('SLURM_JOB_NAME')}), which Lightning would train as {tasks} separate runs: "
+                          f"name the step to train one run on all of them (srun --job-name NAME --ntasks-per-node "
+                          f"{tasks}), or start one task")
+    if slurm_job() and int(env.get("SLURM_NTASKS", 1)) > 1 and "SLURM_NTASKS_PER_NODE" not in env:
+        raise ConfigError(f"this SLURM job runs {env['SLURM_NTASKS']} tasks and says no tasks per node, which "
+                          f"Lightning needs: ask for them with --nodes and --ntasks-per-node instead of --ntasks")
 
 
 def allocated_gpus() -> str | None:

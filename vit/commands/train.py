@@ -233,6 +233,7 @@ class ViTCLI(LightningCLI):
             self.resume = (Path(cfg.ckpt_path), ckpt)
         else:
             if not os.environ.get(runs.ENV):  # (not set: not a process Lightning's launcher started)
+                launch.check_slurm_tasks()
                 import torch
 
                 cuda = str(cfg.trainer.accelerator) in ("auto", "gpu", "cuda") and torch.cuda.is_available()
