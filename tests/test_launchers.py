@@ -263,12 +263,14 @@ PER_NODE_UNSAID = {k: v for k, v in SLURM_JOB.items() if k != "SLURM_NTASKS_PER_
     (PER_NODE_UNSAID, "no tasks per node"),
 ])
 def test_slurm_tasks_that_lightning_would_not_train_as_one_run_are_refused(env, refused, no_launcher):
-    """srun's tasks in an interactive job (not those of an `srun --pty bash` shell, where one runs; not those a
-    launcher of the user's numbered), and a job's tasks asked for without --ntasks-per-node."""
+    """srun's tasks in an interactive job (not those of an `srun --pty bash` shell, where one runs, on a
+    terminal; not those a launcher of the user's numbered), and a job's tasks asked for without
+    --ntasks-per-node."""
     from vit.exits import ConfigError
 
     for key in ("SLURM_PTY_PORT", "SLURM_STEP_NUM_TASKS"):
         no_launcher.delenv(key, raising=False)
+    no_launcher.setattr(launch.sys, "stdin", type("Terminal", (), {"isatty": lambda self: True})())
     for key, value in env.items():
         no_launcher.setenv(key, value)
     if refused is None:

@@ -167,7 +167,7 @@ runs:
     text = script.read_text()
     assert text in capsys.readouterr().out
     directives = [line for line in text.splitlines() if line.startswith("#SBATCH")]
-    assert directives == ["#SBATCH --job-name=sweep", "#SBATCH --array=0-5", "#SBATCH --nodes=1", "#SBATCH --ntasks=1",
+    assert directives == ["#SBATCH --job-name=sweep", "#SBATCH --array=0-5", "#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=1",
                           "#SBATCH --cpus-per-task=8", "#SBATCH --gres=gpu:1", "#SBATCH --mem=32G",
                           "#SBATCH --time=02:00:00", "#SBATCH --signal=SIGUSR1@90", "#SBATCH --requeue",
                           "#SBATCH --open-mode=append", f"#SBATCH --output={tmp_path}/runs/sweep/slurm-%A_%a.out"]
@@ -436,7 +436,7 @@ def test_a_benchmark_task_has_its_reports_folder_and_one_srun_task_and_a_task_wi
                                          "runs: [{name: a}, {name: speed, benchmark: [--sections, step]}]\n")
     assert main(["submit", str(plan), "--runs", str(tmp_path / "runs"), "--dry-run"]) == 0
     text = capsys.readouterr().out
-    assert "#SBATCH --ntasks=2" in text and not (tmp_path / "runs" / "benchmark-two").exists()
+    assert "#SBATCH --ntasks-per-node=2" in text and not (tmp_path / "runs" / "benchmark-two").exists()
     (arm,) = [line for line in text.splitlines() if line.startswith("  1) ")]
     assert "srun --ntasks=1 " in arm and f"--output {tmp_path}/runs/benchmark-two/speed.json" in arm
     assert f"mkdir -p {tmp_path}/runs/benchmark-two && " in arm  # the task makes its report's folder

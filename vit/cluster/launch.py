@@ -103,9 +103,11 @@ def processes() -> int:
 
 
 def step_tasks() -> int:
-    """The tasks of this srun step that run this command: 1 in an ``srun --pty`` shell, whose other tasks end."""
+    """The tasks of this srun step that run this command: 1 in an ``srun --pty`` shell, whose other tasks end (a
+    step started from that shell inherits SLURM_PTY_PORT, not the terminal)."""
     tasks = os.environ.get("SLURM_STEP_NUM_TASKS", "")
-    return int(tasks) if tasks.isdigit() and not os.environ.get("SLURM_PTY_PORT") else 1
+    pty = os.environ.get("SLURM_PTY_PORT") and sys.stdin is not None and sys.stdin.isatty()
+    return int(tasks) if tasks.isdigit() and not pty else 1
 
 
 def check_slurm_tasks() -> None:
@@ -119,7 +121,7 @@ def check_slurm_tasks() -> None:
         raise ConfigError(f"this srun step starts {tasks} tasks in an interactive job (named "
                           f"{env.get('SLURM_JOB_NAME')}), which Lightning would train as {tasks} separate runs: "
                           f"name the step to train one run on all of them (srun --job-name NAME --ntasks-per-node "
-                          f"{tasks}), or start one task")
+                          f"{tasks // max(1, int(env.get('SLURM_STEP_NUM_NODES', 1)))}), or start one task")
     if slurm_job() and int(env.get("SLURM_NTASKS", 1)) > 1 and "SLURM_NTASKS_PER_NODE" not in env:
         raise ConfigError(f"this SLURM job runs {env['SLURM_NTASKS']} tasks and says no tasks per node, which "
                           f"Lightning needs: ask for them with --nodes and --ntasks-per-node instead of --ntasks")
@@ -208,8 +210,9 @@ def say_failure(status: int, line: str, shown: str | None, alike: bool) -> None:
     import torch.distributed as dist
     from lightning.pytorch.utilities import rank_zero_only
 
+    grouped = dist.is_available() and dist.is_initialized()
     store = peers_store()
-    rank = dist.get_rank() if store is not None else rank_zero_only.rank
+    rank = dist.get_rank() if grouped else rank_zero_only.rank
     mine = f"{status}\t{rank}\t{' '.join(line.split())}"
     try:
         first = store and store.compare_set(FAILED, "", mine).decode()
@@ -218,7 +221,7 @@ def say_failure(status: int, line: str, shown: str | None, alike: bool) -> None:
     except dist.DistError:  # process 0, the store's host, is gone
         first = None
     elsewhere = first != mine and first.split("\t", 2)[::2] == mine.split("\t", 2)[::2] if first else \
-        rank != 0 and alike
+        rank != 0 and alike and not grouped  # (a group whose store is gone: each says its own)
     if shown is not None and not elsewhere:
         print(shown, file=sys.stderr, flush=True)
     deadline = time.monotonic() + ACKS

@@ -38,7 +38,7 @@ def sbatch_script(plan: Plan, runner: Runner) -> str:
         f"#SBATCH --job-name={plan.table}",
         f"#SBATCH --array=0-{len(plan.runs) - 1}",
         "#SBATCH --nodes=1",
-        f"#SBATCH --ntasks={max(1, r['gpus'])}",
+        f"#SBATCH --ntasks-per-node={max(1, r['gpus'])}",
         f"#SBATCH --cpus-per-task={r['cpus']}",
         *([f"#SBATCH --gres=gpu:{r['gpus']}"] if r["gpus"] else []),
         *([f"#SBATCH --mem={r['memory']}"] if r["memory"] else []),
