@@ -157,21 +157,59 @@ def test_the_processes_join_the_group_their_launcher_made_them_for(no_launcher, 
     no_launcher.setattr(dist, "init_process_group", lambda backend, store=None, rank=None, world_size=None, timeout=None:
                         made.append((f"rank {rank} of {world_size}" if rank is not None else "env://",
                                      store or os.environ["MASTER_ADDR"], backend, timeout.total_seconds())))
-    at_exit, waited, patient = [], [], []
+    at_exit, patient = [], []
     no_launcher.setattr("atexit.register", at_exit.append)
-    no_launcher.setattr(dist, "new_group", lambda backend, timeout: waited.append((backend, timeout.total_seconds()))
-                        or "meet")
-    no_launcher.setattr(launch, "patient_group", lambda: patient.append(len(made)))  # (made after the group)
+    no_launcher.setattr(dist, "get_rank", lambda: 0)
+    no_launcher.setattr(launch, "patient_group", lambda: patient.append(len(made)) or "patient")  # (after the group)
     no_launcher.setattr(dist, "barrier", lambda group: patient.append(group))
     if isinstance(joined, str):
         with pytest.raises(ConfigError, match=f"^{joined}: start the processes with torchrun or srun"):
             launch.join_group("gloo", 60)
         return
     launch.join_group("nccl", 60)
-    assert made == ([(*joined, "nccl", 60)] if joined else []) and len(at_exit) == len(made)  # (destroyed at exit)
-    # every process is there within the group's time limit, then from_process_zero's group is made, and every
-    # process leaves once all have made it (a barrier on the bounded group)
-    assert waited == ([("gloo", 60)] if joined else []) and patient == ([1, "meet"] if joined else [])
+    assert made == ([(*joined, "nccl", 60)] if joined else []) and len(  # (destroyed at exit)
+        [f for f in at_exit if f.__qualname__.startswith("join_group")]) == len(made)
+    # from_process_zero's group is made, and every process leaves once all have made it
+    assert patient == ([1, "patient"] if joined else [])
+
+
+# process RANK of 2 joins their group with a time limit of 5 s; process 1 dies after the process group is made and
+# before it joins from_process_zero's group
+JOIN = """
+import os
+from vit.cluster import launch
+if os.environ["RANK"] == "1":
+    launch.patient_group = lambda: os._exit(3)
+launch.join_group("gloo", 5)
+print("joined", flush=True)
+"""
+
+
+def test_a_process_that_dies_as_the_group_is_made_ends_the_others_within_the_time_limit(no_launcher):
+    """join_group: the group without a time limit (from_process_zero's) is made under ours, so a process that
+    dies before it joins ends the others in one line (exit 5), not after days."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, "-c", JOIN], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}) for rank in range(2)]
+    try:
+        (out, err), _ = [proc.communicate(timeout=120) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert [proc.returncode for proc in procs] == [5, 3] and out == "" and time.monotonic() - started < 100
+    assert err.strip().splitlines() == ["error: process 0: the other processes of this run did not all join it within "
+                                        "5 s: one of them ended (see its own error above) or is stuck as it starts; "
+                                        "the run stopped instead of waiting"]
 
 
 def test_torchrun_inside_a_slurm_job_is_torchruns_launch(no_launcher):

@@ -243,3 +243,42 @@ def test_a_refusal_on_a_heartbeat_says_how_old_it_is_and_when_the_folder_is_free
                                        r"has ended, the folder is free in 2[34]\d s, or at once once you remove "):
         run_lock.take(run)
     assert json.loads((run / run_lock.LOCK).read_text())["pid"] == 7  # left as it was
+
+
+@pytest.mark.parametrize("removed", ["before the lock file is opened", "after the removed lock file is locked"])
+def test_a_start_takes_a_folder_that_a_failed_start_of_the_same_run_removes_as_it_takes_it(removed, tmp_path,
+                                                                                           monkeypatch):
+    """Two starts of one --run at once: the first fails and removes the folder it made (as vit-train does, its lock
+    file last, before it releases the lock) while the second takes it. The second makes the folder anew and
+    holds the lock of the file in it, not of the removed one; nothing is raised."""
+    import fcntl
+    import shutil
+
+    run = tmp_path / "runs" / "a"
+    real_open, real_lockf, calls = os.open, fcntl.lockf, []
+
+    def remove_once(at: str) -> None:
+        calls.append(at)
+        if at == removed and calls.count(at) == 1:
+            shutil.rmtree(run)  # (the first start's removal is done: its lock is released)
+
+    monkeypatch.setattr(os, "open", lambda path, *args, **kwargs: path == run / run_lock.LOCK
+                        and remove_once("before the lock file is opened") or real_open(path, *args, **kwargs))
+    monkeypatch.setattr(fcntl, "lockf", lambda fd, how: real_lockf(fd, how)
+                        or remove_once("after the removed lock file is locked"))
+    try:
+        assert run_lock.take(run) is None
+        assert os.path.samestat(os.fstat(run_lock._held[run]), os.stat(run / run_lock.LOCK))
+        assert json.loads((run / run_lock.LOCK).read_text())["pid"] == os.getpid()
+        assert calls.count(removed) == 2  # (taken anew once)
+    finally:
+        run_lock.release()
+
+
+def test_a_lock_file_that_links_to_nowhere_is_refused_in_one_line(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / run_lock.LOCK).symlink_to(tmp_path / "gone" / "lock")
+    with pytest.raises(RunError, match=r"/run/\.lock cannot be opened as a lock file \(a link to nowhere\?\): remove it$"):
+        run_lock.take(run)
+    assert run not in run_lock._held

@@ -172,12 +172,22 @@ def join_group(backend: str, timeout_seconds: float) -> None:
         env["MASTER_ADDR"], env["MASTER_PORT"] = slurm.main_address, str(slurm.main_port)
         dist.init_process_group(backend, rank=slurm.global_rank(), world_size=slurm.world_size(), timeout=timeout)
     atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())  # (as Lightning does)
-    # all processes meet within the time limit (NCCL's init does not wait for all), make the patient group, and
-    # leave only once every one has made it (a process that fails at once would otherwise reset the connections
-    # another is still opening); the first group is kept, as destroying it would do the same
-    meet = dist.new_group(backend="gloo", timeout=timeout)
-    patient_group()
-    dist.barrier(group=meet)
+    # every process makes the patient group and leaves once all have (one that fails at once would otherwise reset
+    # the connections another is still opening); neither waits on a time limit, so one that has not joined within
+    # ours (it ended, or is stuck) ends this process
+    joined = threading.Event()
+    threading.Thread(target=_join_or_end, args=(joined, dist.get_rank(), timeout_seconds), daemon=True).start()
+    dist.barrier(group=patient_group())
+    joined.set()
+
+
+def _join_or_end(joined: threading.Event, rank: int, seconds: float) -> None:
+    """End this process (exit 5) unless ``joined`` is set within ``seconds``."""
+    if not joined.wait(seconds):
+        print(f"error: process {rank}: the other processes of this run did not all join it within {seconds:g} s: "
+              f"one of them ended (see its own error above) or is stuck as it starts; the run stopped instead of "
+              f"waiting", file=sys.stderr, flush=True)
+        os._exit(status_of(LostProcesses()))
 
 
 def peers_store():

@@ -10,6 +10,7 @@ closing any descriptor of it drops the lock. vit-sync skips held folders.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -97,21 +98,16 @@ def take(run: Path, heartbeat: float = HEARTBEAT_SECONDS) -> str | None:
     run = Path(run)
     if run in _held:
         return None
-    fd = os.open(run / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    said = None
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        if e.errno not in (errno.EACCES, errno.EAGAIN, *UNSUPPORTED):
-            os.close(fd)
-            raise
-        if e.errno in (errno.EACCES, errno.EAGAIN):
-            holder = _read(fd)
-            os.close(fd)  # (no lock held: closing drops nothing)
-            raise _refused(run, holder) from None
-        said = (f"the file system of {run} does not lock files ({errno.errorcode[e.errno]}): this run's record and "
-                f"heartbeat in {LOCK} keep later starts and vit-sync away (two starts within the same second both "
-                f"train)")
+    for _ in range(10):  # (a failed start of this run removes the folder it made as it ends, the lock file last)
+        with contextlib.suppress(FileNotFoundError):
+            run.mkdir(parents=True, exist_ok=True)
+            fd = os.open(run / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+            said = _lock(run, fd)
+            if _current(run / LOCK, fd):
+                break
+            os.close(fd)  # (locked as it was removed: take the folder anew)
+    else:
+        raise RunError(f"{run / LOCK} cannot be opened as a lock file (a link to nowhere?): remove it")
     previous = _read(fd)
     (name, ours), (theirs, attempt) = _launch({"launch": identity()}), _launch(previous)
     if (theirs != name or attempt == ours) and live(previous, None if said else False):
@@ -129,6 +125,33 @@ def take(run: Path, heartbeat: float = HEARTBEAT_SECONDS) -> str | None:
         said = (f"took over {run}: its lock file names {describe(previous)}, which holds it no longer (it ended "
                 f"without releasing it, or the folder was copied)")
     return said
+
+
+def _lock(run: Path, fd: int) -> str | None:
+    """Lock ``fd``; RunError naming the holder if another process holds it; a line to print if the file system
+    cannot lock, else None."""
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EAGAIN, *UNSUPPORTED):
+            os.close(fd)
+            raise
+        if e.errno in (errno.EACCES, errno.EAGAIN):
+            holder = _read(fd)
+            os.close(fd)  # (no lock held: closing drops nothing)
+            raise _refused(run, holder) from None
+        return (f"the file system of {run} does not lock files ({errno.errorcode[e.errno]}): this run's record and "
+                f"heartbeat in {LOCK} keep later starts and vit-sync away (two starts within the same second both "
+                f"train)")
+    return None
+
+
+def _current(path: Path, fd: int) -> bool:
+    """Whether ``fd`` is the file at ``path``, not one removed (or replaced) since it was opened."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 def _write(fd: int, holder: dict) -> None:

@@ -169,19 +169,18 @@ def claim_new_version(root: Path) -> Path:
 def resolve(root: Path, ckpt_path: str | None, name: str | None) -> tuple[Path, str | None, str]:
     """(run folder, line to print or None, "" or " (the newest run under ROOT)") for a fit. ``ckpt_path``: None
     (new run), "last" (the newest run, or run ``name``; ``decide`` picks the checkpoint once the folder is held),
-    or a file (its own run folder if it sits in one). ``name``: a run folder under ``root`` chosen by the user."""
+    or a file (its own run folder if it sits in one). ``name``: a run folder under ``root`` chosen by the user.
+    A named folder is made as its lock is taken (run_lock.take)."""
     fixed = name or launch_name()
     if ckpt_path and ckpt_path != "last":
         ckpt = Path(ckpt_path)
         run = root / fixed if fixed else run_of(ckpt) or claim_new_version(root)
-        run.mkdir(parents=True, exist_ok=True)
         return run, f"resuming from {ckpt}; this run writes into {run}", ""
     if fixed:
         run = root / fixed
         if ckpt_path != "last" and name and last_checkpoint(run):
             raise RunError(f"--run {name}: {run} holds a run already; resume it with --ckpt_path last, "
                            f"or choose another name")
-        run.mkdir(parents=True, exist_ok=True)
         return run, None, ""
     if ckpt_path == "last":
         run = newest_run(root)

@@ -454,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
         for folder in reversed(claimed if code else []):
             with contextlib.suppress(OSError):  # (gone, or another start's folder inside: kept)
                 if {p.name for p in folder.iterdir()} <= {runs.WANDB_ID, run_lock.LOCK}:
-                    for left in folder.iterdir():
+                    # the lock file last: a start of the same run that opens it is refused, a later one makes anew
+                    for left in sorted(folder.iterdir(), key=lambda p: p.name == run_lock.LOCK):
                         left.unlink()
                     folder.rmdir()
         run_lock.release()  # (after W&B's end: the folder is this run's until then)
