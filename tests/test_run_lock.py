@@ -275,10 +275,12 @@ def test_a_start_takes_a_folder_that_a_failed_start_of_the_same_run_removes_as_i
         run_lock.release()
 
 
-def test_a_lock_file_that_links_to_nowhere_is_refused_in_one_line(tmp_path):
+@pytest.mark.parametrize("target", ["gone/lock", "elsewhere"])
+def test_a_lock_file_that_is_a_link_is_refused_in_one_line(target, tmp_path):
+    """A link, to nowhere or to a file elsewhere, is not followed: nothing is made or locked at its target."""
     run = tmp_path / "run"
     run.mkdir()
-    (run / run_lock.LOCK).symlink_to(tmp_path / "gone" / "lock")
-    with pytest.raises(RunError, match=r"/run/\.lock cannot be opened as a lock file \(a link to nowhere\?\): remove it$"):
+    (run / run_lock.LOCK).symlink_to(tmp_path / target)
+    with pytest.raises(RunError, match=r"/run/\.lock is a link, not a lock file: remove it$"):
         run_lock.take(run)
-    assert run not in run_lock._held
+    assert run not in run_lock._held and not (tmp_path / target).exists()

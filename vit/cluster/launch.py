@@ -176,17 +176,22 @@ def join_group(backend: str, timeout_seconds: float) -> None:
     # the connections another is still opening); neither waits on a time limit, so one that has not joined within
     # ours (it ended, or is stuck) ends this process
     joined = threading.Event()
-    threading.Thread(target=_join_or_end, args=(joined, dist.get_rank(), timeout_seconds), daemon=True).start()
-    dist.barrier(group=patient_group())
-    joined.set()
+    threading.Thread(target=_join_or_end, args=(joined, dist.get_rank(), timeout_seconds), name="vit-join",
+                     daemon=True).start()
+    try:
+        dist.barrier(group=patient_group())
+    finally:
+        joined.set()
 
 
 def _join_or_end(joined: threading.Event, rank: int, seconds: float) -> None:
     """End this process (exit 5) unless ``joined`` is set within ``seconds``."""
     if not joined.wait(seconds):
+        sys.stdout.flush()
         print(f"error: process {rank}: the other processes of this run did not all join it within {seconds:g} s: "
-              f"one of them ended (see its own error above) or is stuck as it starts; the run stopped instead of "
-              f"waiting", file=sys.stderr, flush=True)
+              f"one of them ended (see its own error above), is stuck as it starts, or cannot be reached (see "
+              f"docs/clusters.md on GLOO_SOCKET_IFNAME); the run stopped instead of waiting", file=sys.stderr,
+              flush=True)
         os._exit(status_of(LostProcesses()))
 
 

@@ -10,7 +10,6 @@ closing any descriptor of it drops the lock. vit-sync skips held folders.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import json
@@ -99,15 +98,20 @@ def take(run: Path, heartbeat: float = HEARTBEAT_SECONDS) -> str | None:
     if run in _held:
         return None
     for _ in range(10):  # (a failed start of this run removes the folder it made as it ends, the lock file last)
-        with contextlib.suppress(FileNotFoundError):
+        try:
             run.mkdir(parents=True, exist_ok=True)
-            fd = os.open(run / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-            said = _lock(run, fd)
+            fd = os.open(run / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            said = _lock(run, fd)  # (closes fd if it raises)
             if _current(run / LOCK, fd):
                 break
             os.close(fd)  # (locked as it was removed: take the folder anew)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise RunError(f"{run / LOCK} is a link, not a lock file: remove it") from None
+            if e.errno not in (errno.ENOENT, errno.ESTALE):  # (removed here, or on another node of an NFS mount)
+                raise
     else:
-        raise RunError(f"{run / LOCK} cannot be opened as a lock file (a link to nowhere?): remove it")
+        raise RunError(f"{run / LOCK}: removed or replaced each of 10 times this start took it; start again")
     previous = _read(fd)
     (name, ours), (theirs, attempt) = _launch({"launch": identity()}), _launch(previous)
     if (theirs != name or attempt == ours) and live(previous, None if said else False):
@@ -150,7 +154,10 @@ def _current(path: Path, fd: int) -> bool:
     """Whether ``fd`` is the file at ``path``, not one removed (or replaced) since it was opened."""
     try:
         return os.path.samestat(os.fstat(fd), os.stat(path))
-    except FileNotFoundError:
+    except OSError as e:
+        if e.errno not in (errno.ENOENT, errno.ESTALE):
+            os.close(fd)
+            raise
         return False
 
 
