@@ -284,3 +284,17 @@ def test_a_lock_file_that_is_a_link_is_refused_in_one_line(target, tmp_path):
     with pytest.raises(RunError, match=r"/run/\.lock is a link, not a lock file: remove it$"):
         run_lock.take(run)
     assert run not in run_lock._held and not (tmp_path / target).exists()
+
+
+def test_a_lock_whose_record_cannot_be_written_is_given_up(tmp_path, monkeypatch):
+    """A full disk as the record is written: the error is raised (the command says it), and the lock is not kept."""
+    import errno
+
+    def full(fd, holder):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(run_lock, "_write", full)
+    before = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError, match="No space left"):
+        run_lock.take(tmp_path / "run")
+    assert sorted(os.listdir("/proc/self/fd")) == before and tmp_path / "run" not in run_lock._held

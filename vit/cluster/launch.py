@@ -175,18 +175,22 @@ def join_group(backend: str, timeout_seconds: float) -> None:
     # every process makes the patient group and leaves once all have (one that fails at once would otherwise reset
     # the connections another is still opening); neither waits on a time limit, so one that has not joined within
     # ours (it ended, or is stuck) ends this process
-    joined = threading.Event()
-    threading.Thread(target=_join_or_end, args=(joined, dist.get_rank(), timeout_seconds), name="vit-join",
+    joined, gate = threading.Event(), threading.Lock()
+    threading.Thread(target=_join_or_end, args=(joined, gate, dist.get_rank(), timeout_seconds), name="vit-join",
                      daemon=True).start()
     try:
         dist.barrier(group=patient_group())
     finally:
-        joined.set()
+        with gate:
+            joined.set()
 
 
-def _join_or_end(joined: threading.Event, rank: int, seconds: float) -> None:
-    """End this process (exit 5) unless ``joined`` is set within ``seconds``."""
-    if not joined.wait(seconds):
+def _join_or_end(joined: threading.Event, gate: threading.Lock, rank: int, seconds: float) -> None:
+    """End this process (exit 5) unless ``joined`` is set within ``seconds`` (set under ``gate``)."""
+    joined.wait(seconds)
+    with gate:
+        if joined.is_set():
+            return
         sys.stdout.flush()
         print(f"error: process {rank}: the other processes of this run did not all join it within {seconds:g} s: "
               f"one of them ended (see its own error above), is stuck as it starts, or cannot be reached (see "

@@ -112,14 +112,17 @@ def take(run: Path, heartbeat: float = HEARTBEAT_SECONDS) -> str | None:
                 raise
     else:
         raise RunError(f"{run / LOCK}: removed or replaced each of 10 times this start took it; start again")
-    previous = _read(fd)
-    (name, ours), (theirs, attempt) = _launch({"launch": identity()}), _launch(previous)
-    if (theirs != name or attempt == ours) and live(previous, None if said else False):
-        os.close(fd)  # (drops the lock just taken; nothing was written)
-        raise _refused(run, previous, locked=False)
-    mine = {"launch": identity(), "pid": os.getpid(), "host": socket.gethostname(), "slurm_job": launch.slurm_job(),
-            "since": _now()}
-    _write(fd, mine)
+    try:
+        previous = _read(fd)
+        (name, ours), (theirs, attempt) = _launch({"launch": identity()}), _launch(previous)
+        if (theirs != name or attempt == ours) and live(previous, None if said else False):
+            raise _refused(run, previous, locked=False)  # (nothing was written)
+        mine = {"launch": identity(), "pid": os.getpid(), "host": socket.gethostname(),
+                "slurm_job": launch.slurm_job(), "since": _now()}
+        _write(fd, mine)
+    except BaseException:
+        os.close(fd)  # (drops the lock just taken)
+        raise
     _held[run] = fd
     stop = threading.Event()
     beat = threading.Thread(target=_beat, args=(fd, mine, heartbeat, stop), name=f"heartbeat {run}", daemon=True)
