@@ -191,12 +191,14 @@ def _join_or_end(joined: threading.Event, gate: threading.Lock, rank: int, secon
     with gate:
         if joined.is_set():
             return
-        sys.stdout.flush()
-        print(f"error: process {rank}: the other processes of this run did not all join it within {seconds:g} s: "
-              f"one of them ended (see its own error above), is stuck as it starts, or cannot be reached (see "
-              f"docs/clusters.md on GLOO_SOCKET_IFNAME); the run stopped instead of waiting", file=sys.stderr,
-              flush=True)
-        os._exit(status_of(LostProcesses()))
+        try:  # (a stream that fails must not keep this process waiting)
+            sys.stdout.flush()
+            print(f"error: process {rank}: the other processes of this run did not all join it within {seconds:g} "
+                  f"s: one of them ended (see its own error above), is stuck as it starts, or cannot be reached (see "
+                  f"docs/clusters.md on GLOO_SOCKET_IFNAME); the run stopped instead of waiting", file=sys.stderr,
+                  flush=True)
+        finally:
+            os._exit(status_of(LostProcesses()))
 
 
 def peers_store():
