@@ -277,24 +277,144 @@ def test_a_start_takes_a_folder_that_a_failed_start_of_the_same_run_removes_as_i
 
 @pytest.mark.parametrize("target", ["gone/lock", "elsewhere"])
 def test_a_lock_file_that_is_a_link_is_refused_in_one_line(target, tmp_path):
-    """A link, to nowhere or to a file elsewhere, is not followed: nothing is made or locked at its target."""
+    """A link, to nowhere or to a file elsewhere, is not followed: nothing is made or locked at its target. A run
+    folder under a loop of links is refused in one line too."""
     run = tmp_path / "run"
     run.mkdir()
     (run / run_lock.LOCK).symlink_to(tmp_path / target)
     with pytest.raises(RunError, match=r"/run/\.lock is a link, not a lock file: remove it$"):
         run_lock.take(run)
     assert run not in run_lock._held and not (tmp_path / target).exists()
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with pytest.raises(RunError, match=r"/loop/run: a loop of links in its path$"):
+        run_lock.take(tmp_path / "loop" / "run")
 
 
-def test_a_lock_whose_record_cannot_be_written_is_given_up(tmp_path, monkeypatch):
-    """A full disk as the record is written: the error is raised (the command says it), and the lock is not kept."""
+@pytest.mark.parametrize("failure", ["the record cannot be written", "the heartbeat cannot start"])
+def test_a_lock_whose_record_or_heartbeat_fails_is_given_up(failure, tmp_path, monkeypatch):
+    """A full disk as the record is written, or no thread left for the heartbeat: the error is raised (the command
+    says it), the lock is not kept, and a release after it has nothing to give up."""
     import errno
+    import threading
 
-    def full(fd, holder):
+    def full(*args):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(run_lock, "_write", full)
+    def no_thread(*args):
+        raise RuntimeError("can't start new thread")
+
+    if failure == "the record cannot be written":
+        monkeypatch.setattr(run_lock, "_write", full)
+    else:
+        monkeypatch.setattr(threading.Thread, "start", no_thread)
     before = sorted(os.listdir("/proc/self/fd"))
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises((OSError, RuntimeError), match="No space left|can't start new thread"):
         run_lock.take(tmp_path / "run")
     assert sorted(os.listdir("/proc/self/fd")) == before and tmp_path / "run" not in run_lock._held
+    run_lock.release()
+
+
+def test_a_start_refused_by_a_holder_that_made_the_folder_meanwhile_leaves_the_holders_files(tmp_path, fake_cifar,
+                                                                                           capsys, monkeypatch):
+    """Two starts of one new --run at once: the second makes the folder and takes its lock (and writes its W&B id)
+    just after the first found no folder there. The first is refused, and removes nothing of the holder's."""
+    run, holders = tmp_path / "runs" / "smoke" / "a", []
+    to_make = run_lock.to_make
+
+    def then_another_start_takes_it(folder):
+        made = to_make(folder)
+        if folder.absolute() == run:
+            holders.append(hold(run))
+            (run / runs.WANDB_ID).write_text("holders\n")
+        return made
+
+    monkeypatch.setattr(run_lock, "to_make", then_another_start_takes_it)
+    try:
+        assert train_here(tmp_path, fake_cifar, "--run", "a") == 2
+        assert "is in use" in capsys.readouterr().err
+        assert sorted(p.name for p in run.iterdir()) == [run_lock.LOCK, runs.WANDB_ID]
+        assert json.loads((run / run_lock.LOCK).read_text())["pid"] == holders[0].pid
+    finally:
+        for proc in holders:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_failed_start_leaves_a_folder_it_made_that_another_start_holds_now(tmp_path, capsys, monkeypatch):
+    """--run x/a makes x; another start of --run x takes x (and writes its W&B id) before this one fails: this one
+    removes its own x/a, and x, which another start holds, stays as it is."""
+    outer, holders = tmp_path / "runs" / "smoke" / "x", []
+    take = run_lock.take
+
+    def then_another_start_takes_the_outer_folder(*args, **kwargs):
+        said = take(*args, **kwargs)
+        holders.append(hold(outer))
+        (outer / runs.WANDB_ID).write_text("holders\n")
+        return said
+
+    monkeypatch.setattr(run_lock, "take", then_another_start_takes_the_outer_folder)
+    try:
+        assert train_here(tmp_path, None, "--run", "x/a", "--data.root", str(tmp_path / "empty"),
+                          "--data.download", "false") == 2
+        assert "cifar-10-batches-py" in capsys.readouterr().err
+        assert sorted(p.name for p in outer.iterdir()) == [run_lock.LOCK, runs.WANDB_ID]
+        assert json.loads((outer / run_lock.LOCK).read_text())["pid"] == holders[0].pid
+    finally:
+        for proc in holders:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_stop_signal_while_the_lock_is_taken_acts_once_it_is_held(tmp_path, monkeypatch):
+    """SIGUSR1 (vit-train's stop before training) as the heartbeat starts: it acts once ``take`` has returned, with
+    the lock held and its heartbeat registered, so that the command's release gives up both."""
+    import signal
+    import threading
+
+    class Stop(Exception):
+        pass
+
+    def stop(signum, frame):
+        raise Stop
+
+    start = threading.Thread.start
+
+    def start_then_signal(thread):
+        start(thread)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    before = sorted(os.listdir("/proc/self/fd"))
+    previous = signal.signal(signal.SIGUSR1, stop)
+    monkeypatch.setattr(threading.Thread, "start", start_then_signal)
+    try:
+        with pytest.raises(Stop):
+            run_lock.take(tmp_path / "run")
+        assert run_lock.holds(tmp_path / "run")
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        run_lock.release()
+    assert sorted(os.listdir("/proc/self/fd")) == before and not run_lock.holds(tmp_path / "run")
+    assert not any(t.name.startswith("heartbeat") for t in threading.enumerate())
+
+
+def test_a_folder_taken_anew_after_a_failed_start_removed_it_is_removed_when_this_start_fails_too(tmp_path, capsys,
+                                                                                                  monkeypatch):
+    """The folder of --run a existed (a failing start's) as this start looked, and was removed before it took the
+    lock: this start makes it anew, so when it fails too, before training, it removes it as its own."""
+    import shutil
+
+    run = tmp_path / "runs" / "smoke" / "a"
+    (run / run_lock.LOCK).parent.mkdir(parents=True)
+    (run / run_lock.LOCK).touch()
+    resolve = runs.resolve
+
+    def then_the_failed_start_removes_it(*args):
+        found = resolve(*args)
+        shutil.rmtree(run)
+        return found
+
+    monkeypatch.setattr(runs, "resolve", then_the_failed_start_removes_it)
+    assert train_here(tmp_path, None, "--run", "a", "--data.root", str(tmp_path / "empty"), "--data.download",
+                      "false") == 2
+    assert "cifar-10-batches-py" in capsys.readouterr().err
+    assert not run.exists()

@@ -296,8 +296,9 @@ def parallelism(trainer: dict, ddp_timeout: float) -> dict:
 
 def from_process_zero(make: Callable[[], T], what: str) -> T:
     """Run ``make()`` on process 0 only and give its result (or BadInput/Stopped) to every process, in one
-    broadcast on ``patient_group`` (every process calls it, in the same order). The others wait as long as process 0 works, logging once a minute; any other failure of process 0
-    ends them with a line naming it (exit 5), and a process that dies ends the others at once."""
+    broadcast on ``patient_group`` (every process calls it, in the same order). The others wait as long as
+    process 0 works, logging once a minute; any other failure of process 0 ends them with a line naming it
+    (exit 5), and a process that dies ends the others at once."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:

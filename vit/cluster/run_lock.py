@@ -10,10 +10,12 @@ closing any descriptor of it drops the lock. vit-sync skips held folders.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
 import os
+import signal
 import socket
 import struct
 import threading
@@ -90,48 +92,85 @@ def live(holder: dict, locked: bool | None, stale: float = STALE_SECONDS) -> boo
     return unseen and age is not None and age < stale
 
 
-def take(run: Path, heartbeat: float = HEARTBEAT_SECONDS) -> str | None:
+def to_make(root: Path) -> list[Path]:
+    """The folders that creating ``root`` makes, the outermost first."""
+    return [folder for folder in (*reversed(root.parents), root) if not folder.is_dir()]
+
+
+def take(run: Path, heartbeat: float = HEARTBEAT_SECONDS, claimed: list[Path] | None = None) -> str | None:
     """Hold ``run``'s lock until ``release`` or exit, with a heartbeat thread; RunError naming the holder when
-    another launch holds it (an earlier attempt of this launch is taken over). Returns a line to print (a dead
-    holder taken over, or a file system that cannot lock: the heartbeat still guards the folder) or None."""
+    another launch holds it (an earlier attempt of this launch is taken over). Folders it makes go into
+    ``claimed``. Returns a line to print (a dead holder taken over, or a file system that cannot lock: the
+    heartbeat still guards the folder) or None. A Ctrl-C or a stop signal waits until it has returned or raised."""
     run = Path(run)
     if run in _held:
         return None
-    for _ in range(10):  # (a failed start of this run removes the folder it made as it ends, the lock file last)
-        try:
-            run.mkdir(parents=True, exist_ok=True)
-            fd = os.open(run / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-            said = _lock(run, fd)  # (closes fd if it raises)
-            if _current(run / LOCK, fd):
-                break
-            os.close(fd)  # (locked as it was removed: take the folder anew)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise RunError(f"{run / LOCK} is a link, not a lock file: remove it") from None
-            if e.errno not in (errno.ENOENT, errno.ESTALE):  # (removed here, or on another node of an NFS mount)
+    with _signals_deferred():
+        for _ in range(10):  # (a failed start of this run removes the folder it made as it ends, the lock file last)
+            try:
+                made = to_make(run)
+                run.mkdir(parents=True, exist_ok=True)
+                fd = os.open(run / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    what = f"{run / LOCK} is a link, not a lock file: remove it" if os.path.islink(run / LOCK) \
+                        else f"{run}: a loop of links in its path"
+                    raise RunError(what) from None
+                if e.errno not in (errno.ENOENT, errno.ESTALE):  # (removed here, or on another node of an NFS mount)
+                    raise
+                continue
+            try:
+                said = _lock(run, fd)
+                if _current(run / LOCK, fd):
+                    said = _hold(run, fd, said, heartbeat)
+                    if claimed is not None:
+                        claimed += made
+                    return said
+            except BaseException:
+                os.close(fd)  # (drops a lock just taken)
                 raise
-    else:
+            os.close(fd)  # (locked as it was removed: take the folder anew)
         raise RunError(f"{run / LOCK}: removed or replaced each of 10 times this start took it; start again")
+
+
+@contextlib.contextmanager
+def _signals_deferred():
+    """Ctrl-C and SIGUSR1 (a stop) act as the block ends, not between taking a lock and recording it."""
+    caught = []
+    kinds = (signal.SIGINT, signal.SIGUSR1) if threading.current_thread() is threading.main_thread() else ()
+    handlers = {kind: signal.signal(kind, lambda signum, frame: caught.append(signum)) for kind in kinds}
     try:
-        previous = _read(fd)
-        (name, ours), (theirs, attempt) = _launch({"launch": identity()}), _launch(previous)
-        if (theirs != name or attempt == ours) and live(previous, None if said else False):
-            raise _refused(run, previous, locked=False)  # (nothing was written)
-        mine = {"launch": identity(), "pid": os.getpid(), "host": socket.gethostname(),
-                "slurm_job": launch.slurm_job(), "since": _now()}
-        _write(fd, mine)
-    except BaseException:
-        os.close(fd)  # (drops the lock just taken)
-        raise
-    _held[run] = fd
+        yield
+    finally:
+        for kind, handler in handlers.items():
+            signal.signal(kind, handler)
+        for kind in caught:
+            signal.raise_signal(kind)
+
+
+def _hold(run: Path, fd: int, said: str | None, heartbeat: float) -> str | None:
+    """Write this process's record into the locked ``fd`` and start its heartbeat, unless the record there names
+    a live holder of another launch (RunError)."""
+    previous = _read(fd)
+    (name, ours), (theirs, attempt) = _launch({"launch": identity()}), _launch(previous)
+    if (theirs != name or attempt == ours) and live(previous, None if said else False):
+        raise _refused(run, previous, locked=False)  # (nothing was written)
+    mine = {"launch": identity(), "pid": os.getpid(), "host": socket.gethostname(),
+            "slurm_job": launch.slurm_job(), "since": _now()}
+    _write(fd, mine)
     stop = threading.Event()
     beat = threading.Thread(target=_beat, args=(fd, mine, heartbeat, stop), name=f"heartbeat {run}", daemon=True)
     beat.start()
-    _beating[run] = (stop, beat)
+    _held[run], _beating[run] = fd, (stop, beat)
     if said is None and previous:  # a release empties the file: this holder died holding it
         said = (f"took over {run}: its lock file names {describe(previous)}, which holds it no longer (it ended "
                 f"without releasing it, or the folder was copied)")
     return said
+
+
+def holds(run: Path) -> bool:
+    """Whether this process holds ``run``'s lock."""
+    return Path(run) in _held
 
 
 def _lock(run: Path, fd: int) -> str | None:
@@ -140,13 +179,10 @@ def _lock(run: Path, fd: int) -> str | None:
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
-        if e.errno not in (errno.EACCES, errno.EAGAIN, *UNSUPPORTED):
-            os.close(fd)
-            raise
         if e.errno in (errno.EACCES, errno.EAGAIN):
-            holder = _read(fd)
-            os.close(fd)  # (no lock held: closing drops nothing)
-            raise _refused(run, holder) from None
+            raise _refused(run, _read(fd)) from None
+        if e.errno not in UNSUPPORTED:
+            raise
         return (f"the file system of {run} does not lock files ({errno.errorcode[e.errno]}): this run's record and "
                 f"heartbeat in {LOCK} keep later starts and vit-sync away (two starts within the same second both "
                 f"train)")
@@ -159,7 +195,6 @@ def _current(path: Path, fd: int) -> bool:
         return os.path.samestat(os.fstat(fd), os.stat(path))
     except OSError as e:
         if e.errno not in (errno.ENOENT, errno.ESTALE):
-            os.close(fd)
             raise
         return False
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from vit.models.checkpoints import read_checkpoint
 from vit.exits import CheckpointError, RunError
+from vit.cluster import run_lock
 from vit.cluster.launch import attempt, launch_name
 
 CHECKPOINTS = "checkpoints"
@@ -147,13 +148,10 @@ def run_of(checkpoint: Path) -> Path | None:
     return checkpoint.resolve().parent.parent if checkpoint.resolve().parent.name == CHECKPOINTS else None
 
 
-def to_make(root: Path) -> list[Path]:
-    """The folders that creating ``root`` makes, the outermost first."""
-    return [folder for folder in (*reversed(root.parents), root) if not folder.is_dir()]
-
-
-def claim_new_version(root: Path) -> Path:
-    """Create and return ``root/version_N`` for the next free N (atomic: two runs never share one)."""
+def claim_new_version(root: Path, claimed: list[Path]) -> Path:
+    """Create and return ``root/version_N`` for the next free N (atomic: two runs never share one); the folders
+    it makes go into ``claimed``."""
+    claimed += run_lock.to_make(root)
     root.mkdir(parents=True, exist_ok=True)
     taken = [int(d.name.removeprefix("version_")) for d in root.glob("version_*")
              if d.name.removeprefix("version_").isdigit()]
@@ -161,20 +159,22 @@ def claim_new_version(root: Path) -> Path:
     while True:
         try:
             (root / f"version_{n}").mkdir(parents=True)  # (a refused start may have removed an empty root)
+            claimed.append(root / f"version_{n}")
             return root / f"version_{n}"
         except FileExistsError:
             n += 1
 
 
-def resolve(root: Path, ckpt_path: str | None, name: str | None) -> tuple[Path, str | None, str]:
+def resolve(root: Path, ckpt_path: str | None, name: str | None,
+            claimed: list[Path]) -> tuple[Path, str | None, str]:
     """(run folder, line to print or None, "" or " (the newest run under ROOT)") for a fit. ``ckpt_path``: None
     (new run), "last" (the newest run, or run ``name``; ``decide`` picks the checkpoint once the folder is held),
     or a file (its own run folder if it sits in one). ``name``: a run folder under ``root`` chosen by the user.
-    A named folder is made as its lock is taken (run_lock.take)."""
+    A named folder is made as its lock is taken (run_lock.take). Folders it makes go into ``claimed``."""
     fixed = name or launch_name()
     if ckpt_path and ckpt_path != "last":
         ckpt = Path(ckpt_path)
-        run = root / fixed if fixed else run_of(ckpt) or claim_new_version(root)
+        run = root / fixed if fixed else run_of(ckpt) or claim_new_version(root, claimed)
         return run, f"resuming from {ckpt}; this run writes into {run}", ""
     if fixed:
         run = root / fixed
@@ -186,9 +186,9 @@ def resolve(root: Path, ckpt_path: str | None, name: str | None) -> tuple[Path, 
         run = newest_run(root)
         if run is not None:
             return run, None, f" (the newest run under {root})"
-        return claim_new_version(root), \
+        return claim_new_version(root, claimed), \
             f"--ckpt_path last: no run under {root} has a checkpoint yet; starting a new run", ""
-    return claim_new_version(root), None, ""
+    return claim_new_version(root, claimed), None, ""
 
 
 def own_newest(run: Path) -> bool:
@@ -255,7 +255,6 @@ def decide(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data
     whatever ``ckpt_path`` said. Drafts of killed saves are deleted last: no save can be running yet."""
     from lightning.pytorch.utilities import rank_zero_info
 
-    from vit.cluster import run_lock
     from vit.cluster.checkpoint_io import remove_drafts
     from vit.models.checkpoints import check_checkpoint
 
@@ -268,14 +267,9 @@ def decide(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data
     if ckpt_path not in (None, "last"):  # (checked before any folder is named, locked or made)
         resume = (Path(ckpt_path), read_checkpoint(ckpt_path))
         check_checkpoint(resume[1], ckpt_path, data, arch)
-    claimed += to_make(root)
-    existed = set(root.iterdir()) if root.is_dir() else set()
-    run, note, found = resolve(root, ckpt_path, name)
-    taken = run_lock.take(run)
-    if taken:
+    run, note, found = resolve(root, ckpt_path, name, claimed)
+    if taken := run_lock.take(run, claimed=claimed):
         rank_zero_info(taken)
-    if run not in existed:
-        claimed.append(run)
     if ckpt_path == "last" and (newest := newest_readable(run)):
         resume_from, ckpt, skipped = newest
         check_checkpoint(ckpt, resume_from, data, arch)

@@ -227,9 +227,7 @@ class ViTCLI(LightningCLI):
                                       f"({failures.condense(str(e))})") from None
             run = runs.run_of(Path(cfg.ckpt_path))
             if run is None:  # (removed again if the test never starts)
-                self.claimed += runs.to_make(root)
-                run = runs.claim_new_version(root)
-                self.claimed.append(run)
+                run = runs.claim_new_version(root, self.claimed)
             self.resume = (Path(cfg.ckpt_path), ckpt)
         else:
             if not os.environ.get(runs.ENV):  # (not set: not a process Lightning's launcher started)
@@ -452,8 +450,9 @@ def main(argv: list[str] | None = None) -> int:
         loggers.end_wandb_run(code)
         # remove the folders of a run that never started, while its lock is still held
         for folder in reversed(claimed if code else []):
-            with contextlib.suppress(OSError):  # (gone, or another start's folder inside: kept)
-                if {p.name for p in folder.iterdir()} <= {runs.WANDB_ID, run_lock.LOCK}:
+            with contextlib.suppress(OSError):  # (gone, or holding another start's folder: kept)
+                names = {p.name for p in folder.iterdir()}  # (another start's lock file: its folder, kept)
+                if names <= {runs.WANDB_ID, run_lock.LOCK} and (run_lock.LOCK not in names or run_lock.holds(folder)):
                     # the lock file last: a start of the same run that opens it is refused, a later one makes anew
                     for left in sorted(folder.iterdir(), key=lambda p: p.name == run_lock.LOCK):
                         left.unlink()
