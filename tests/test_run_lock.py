@@ -286,7 +286,8 @@ def test_a_lock_file_that_is_a_link_is_refused_in_one_line(target, tmp_path):
         run_lock.take(run)
     assert run not in run_lock._held and not (tmp_path / target).exists()
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
-    with pytest.raises(RunError, match=r"/loop/run: a loop of links in its path$"):
+    with pytest.raises(RunError, match=r"/loop is not a folder \(a link to one that is gone\?\): a run cannot be "
+                                       r"made in it$"):
         run_lock.take(tmp_path / "loop" / "run")
 
 
@@ -316,19 +317,18 @@ def test_a_lock_whose_record_or_heartbeat_fails_is_given_up(failure, tmp_path, m
 
 def test_a_start_refused_by_a_holder_that_made_the_folder_meanwhile_leaves_the_holders_files(tmp_path, fake_cifar,
                                                                                            capsys, monkeypatch):
-    """Two starts of one new --run at once: the second makes the folder and takes its lock (and writes its W&B id)
-    just after the first found no folder there. The first is refused, and removes nothing of the holder's."""
+    """Two starts of one new --run at once: the first makes the folder, and the second takes its lock (and writes
+    its W&B id) before the first does. The first is refused, and removes nothing of the holder's."""
     run, holders = tmp_path / "runs" / "smoke" / "a", []
-    to_make = run_lock.to_make
+    make = run_lock.make
 
-    def then_another_start_takes_it(folder):
-        made = to_make(folder)
+    def then_another_start_takes_it(folder, claimed):
+        make(folder, claimed)
         if folder.absolute() == run:
             holders.append(hold(run))
             (run / runs.WANDB_ID).write_text("holders\n")
-        return made
 
-    monkeypatch.setattr(run_lock, "to_make", then_another_start_takes_it)
+    monkeypatch.setattr(run_lock, "make", then_another_start_takes_it)
     try:
         assert train_here(tmp_path, fake_cifar, "--run", "a") == 2
         assert "is in use" in capsys.readouterr().err
@@ -365,9 +365,11 @@ def test_a_failed_start_leaves_a_folder_it_made_that_another_start_holds_now(tmp
             proc.wait()
 
 
-def test_a_stop_signal_while_the_lock_is_taken_acts_once_it_is_held(tmp_path, monkeypatch):
-    """SIGUSR1 (vit-train's stop before training) as the heartbeat starts: it acts once ``take`` has returned, with
-    the lock held and its heartbeat registered, so that the command's release gives up both."""
+@pytest.mark.parametrize("kind", ["SIGUSR1", "SIGINT"])
+def test_a_stop_signal_while_the_lock_is_taken_acts_once_it_is_held(kind, tmp_path, monkeypatch):
+    """SIGUSR1 (vit-train's stop before training) or Ctrl-C as the heartbeat starts: it acts once ``take`` has
+    returned, with the lock held and its heartbeat registered, so that the command's release gives up both. From
+    another thread than the main one (which alone handles signals), ``take`` defers none."""
     import signal
     import threading
 
@@ -377,24 +379,30 @@ def test_a_stop_signal_while_the_lock_is_taken_acts_once_it_is_held(tmp_path, mo
     def stop(signum, frame):
         raise Stop
 
-    start = threading.Thread.start
+    start, kind = threading.Thread.start, getattr(signal, kind)
 
     def start_then_signal(thread):
         start(thread)
-        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), kind)
 
     before = sorted(os.listdir("/proc/self/fd"))
-    previous = signal.signal(signal.SIGUSR1, stop)
+    previous = signal.signal(kind, stop)
     monkeypatch.setattr(threading.Thread, "start", start_then_signal)
     try:
         with pytest.raises(Stop):
             run_lock.take(tmp_path / "run")
-        assert run_lock.holds(tmp_path / "run")
+        assert run_lock.holds(tmp_path / "run") and signal.getsignal(kind) is stop
     finally:
-        signal.signal(signal.SIGUSR1, previous)
+        signal.signal(kind, previous)
+        monkeypatch.undo()
         run_lock.release()
     assert sorted(os.listdir("/proc/self/fd")) == before and not run_lock.holds(tmp_path / "run")
     assert not any(t.name.startswith("heartbeat") for t in threading.enumerate())
+    elsewhere = threading.Thread(target=run_lock.take, args=(tmp_path / "other",))
+    elsewhere.start()
+    elsewhere.join()
+    assert run_lock.holds(tmp_path / "other")
+    run_lock.release()
 
 
 def test_a_folder_taken_anew_after_a_failed_start_removed_it_is_removed_when_this_start_fails_too(tmp_path, capsys,
@@ -418,3 +426,38 @@ def test_a_folder_taken_anew_after_a_failed_start_removed_it_is_removed_when_thi
                       "false") == 2
     assert "cifar-10-batches-py" in capsys.readouterr().err
     assert not run.exists()
+
+
+def test_a_lock_file_gone_stale_on_nfs_as_it_is_locked_is_taken_anew(tmp_path, monkeypatch):
+    """NFS answers ESTALE where another node removed the lock file this start had opened: taken anew, no error."""
+    import errno
+    import fcntl
+
+    lockf, calls = fcntl.lockf, []
+
+    def stale_once(fd, how):
+        calls.append(fd)
+        if len(calls) == 1:
+            raise OSError(errno.ESTALE, "Stale file handle")
+        return lockf(fd, how)
+
+    monkeypatch.setattr(fcntl, "lockf", stale_once)
+    before = sorted(os.listdir("/proc/self/fd"))
+    try:
+        assert run_lock.take(tmp_path / "run") is None and len(calls) == 2
+        assert run_lock.holds(tmp_path / "run")
+    finally:
+        run_lock.release()
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_a_run_folder_under_a_link_to_a_folder_that_is_gone_is_refused_in_one_line(named, tmp_path, capsys):
+    """The runs' folder is a link to a scratch folder that was purged: one line naming it, exit 2, at once."""
+    (tmp_path / "runs").symlink_to(tmp_path / "purged")
+    started = time.monotonic()
+    assert train_here(tmp_path, None, *(["--run", "a"] if named else []), "--data.root", str(tmp_path / "empty"),
+                      "--data.download", "false") == 2
+    (error,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert error == "error: runs is not a folder (a link to one that is gone?): a run cannot be made in it"
+    assert time.monotonic() - started < 60 and not (tmp_path / "purged").exists()

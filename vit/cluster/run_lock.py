@@ -92,9 +92,16 @@ def live(holder: dict, locked: bool | None, stale: float = STALE_SECONDS) -> boo
     return unseen and age is not None and age < stale
 
 
-def to_make(root: Path) -> list[Path]:
-    """The folders that creating ``root`` makes, the outermost first."""
-    return [folder for folder in (*reversed(root.parents), root) if not folder.is_dir()]
+def make(folder: Path, claimed: list[Path]) -> None:
+    """Create ``folder`` and its missing parents; those this call created go into ``claimed``, outermost first."""
+    for level in (*reversed(folder.parents), folder):
+        try:
+            level.mkdir()
+            claimed.append(level)
+        except FileExistsError:
+            if not level.is_dir():
+                raise RunError(f"{level} is not a folder (a link to one that is gone?): a run cannot be made in "
+                               f"it") from None
 
 
 def take(run: Path, heartbeat: float = HEARTBEAT_SECONDS, claimed: list[Path] | None = None) -> str | None:
@@ -107,29 +114,21 @@ def take(run: Path, heartbeat: float = HEARTBEAT_SECONDS, claimed: list[Path] | 
         return None
     with _signals_deferred():
         for _ in range(10):  # (a failed start of this run removes the folder it made as it ends, the lock file last)
+            fd = None
             try:
-                made = to_make(run)
-                run.mkdir(parents=True, exist_ok=True)
+                make(run, [] if claimed is None else claimed)
                 fd = os.open(run / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+                said = _lock(run, fd)
+                if os.path.samestat(os.fstat(fd), os.stat(run / LOCK)):  # (not a file removed since it was opened)
+                    return _hold(run, fd, said, heartbeat)
             except OSError as e:
-                if e.errno == errno.ELOOP:
-                    what = f"{run / LOCK} is a link, not a lock file: remove it" if os.path.islink(run / LOCK) \
-                        else f"{run}: a loop of links in its path"
-                    raise RunError(what) from None
+                if e.errno == errno.ELOOP:  # (O_NOFOLLOW; a loop of links above it is no folder: ``make``)
+                    raise RunError(f"{run / LOCK} is a link, not a lock file: remove it") from None
                 if e.errno not in (errno.ENOENT, errno.ESTALE):  # (removed here, or on another node of an NFS mount)
                     raise
-                continue
-            try:
-                said = _lock(run, fd)
-                if _current(run / LOCK, fd):
-                    said = _hold(run, fd, said, heartbeat)
-                    if claimed is not None:
-                        claimed += made
-                    return said
-            except BaseException:
-                os.close(fd)  # (drops a lock just taken)
-                raise
-            os.close(fd)  # (locked as it was removed: take the folder anew)
+            finally:
+                if fd is not None and _held.get(run) != fd:
+                    os.close(fd)  # (drops a lock just taken: refused, failed, or removed meanwhile)
         raise RunError(f"{run / LOCK}: removed or replaced each of 10 times this start took it; start again")
 
 
@@ -137,7 +136,8 @@ def take(run: Path, heartbeat: float = HEARTBEAT_SECONDS, claimed: list[Path] | 
 def _signals_deferred():
     """Ctrl-C and SIGUSR1 (a stop) act as the block ends, not between taking a lock and recording it."""
     caught = []
-    kinds = (signal.SIGINT, signal.SIGUSR1) if threading.current_thread() is threading.main_thread() else ()
+    kinds = [kind for kind in (signal.SIGINT, signal.SIGUSR1) if signal.getsignal(kind) is not None] \
+        if threading.current_thread() is threading.main_thread() else []  # (None: a handler set outside Python)
     handlers = {kind: signal.signal(kind, lambda signum, frame: caught.append(signum)) for kind in kinds}
     try:
         yield
@@ -150,7 +150,7 @@ def _signals_deferred():
 
 def _hold(run: Path, fd: int, said: str | None, heartbeat: float) -> str | None:
     """Write this process's record into the locked ``fd`` and start its heartbeat, unless the record there names
-    a live holder of another launch (RunError)."""
+    a live holder of another launch (RunError). Registered last: what ``release`` finds it holds, it gives up."""
     previous = _read(fd)
     (name, ours), (theirs, attempt) = _launch({"launch": identity()}), _launch(previous)
     if (theirs != name or attempt == ours) and live(previous, None if said else False):
@@ -158,13 +158,14 @@ def _hold(run: Path, fd: int, said: str | None, heartbeat: float) -> str | None:
     mine = {"launch": identity(), "pid": os.getpid(), "host": socket.gethostname(),
             "slurm_job": launch.slurm_job(), "since": _now()}
     _write(fd, mine)
-    stop = threading.Event()
-    beat = threading.Thread(target=_beat, args=(fd, mine, heartbeat, stop), name=f"heartbeat {run}", daemon=True)
-    beat.start()
-    _held[run], _beating[run] = fd, (stop, beat)
     if said is None and previous:  # a release empties the file: this holder died holding it
         said = (f"took over {run}: its lock file names {describe(previous)}, which holds it no longer (it ended "
                 f"without releasing it, or the folder was copied)")
+    stop = threading.Event()
+    beat = threading.Thread(target=_beat, args=(fd, mine, heartbeat, stop), name=f"heartbeat {run}", daemon=True)
+    beat.start()
+    _beating[run] = (stop, beat)
+    _held[run] = fd
     return said
 
 
@@ -187,16 +188,6 @@ def _lock(run: Path, fd: int) -> str | None:
                 f"heartbeat in {LOCK} keep later starts and vit-sync away (two starts within the same second both "
                 f"train)")
     return None
-
-
-def _current(path: Path, fd: int) -> bool:
-    """Whether ``fd`` is the file at ``path``, not one removed (or replaced) since it was opened."""
-    try:
-        return os.path.samestat(os.fstat(fd), os.stat(path))
-    except OSError as e:
-        if e.errno not in (errno.ENOENT, errno.ESTALE):
-            raise
-        return False
 
 
 def _write(fd: int, holder: dict) -> None:

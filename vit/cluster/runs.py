@@ -151,8 +151,7 @@ def run_of(checkpoint: Path) -> Path | None:
 def claim_new_version(root: Path, claimed: list[Path]) -> Path:
     """Create and return ``root/version_N`` for the next free N (atomic: two runs never share one); the folders
     it makes go into ``claimed``."""
-    claimed += run_lock.to_make(root)
-    root.mkdir(parents=True, exist_ok=True)
+    run_lock.make(root, claimed)
     taken = [int(d.name.removeprefix("version_")) for d in root.glob("version_*")
              if d.name.removeprefix("version_").isdigit()]
     n = max(taken, default=-1) + 1
