@@ -461,3 +461,25 @@ def test_a_run_folder_under_a_link_to_a_folder_that_is_gone_is_refused_in_one_li
     (error,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert error == "error: runs is not a folder (a link to one that is gone?): a run cannot be made in it"
     assert time.monotonic() - started < 60 and not (tmp_path / "purged").exists()
+
+
+def test_folders_that_exist_are_not_made_again(tmp_path, monkeypatch):
+    """autofs and NFS may answer EACCES, not EEXIST, to making a folder that exists: such a folder is used as it is;
+    only the folders made here are claimed."""
+    from pathlib import Path
+
+    mkdir = Path.mkdir
+
+    def refuse_existing(path, *args, **kwargs):
+        if path.exists():
+            raise PermissionError(13, "Permission denied", str(path))
+        return mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", refuse_existing)
+    (tmp_path / "scratch").mkdir()
+    claimed = []
+    try:
+        assert run_lock.take(tmp_path / "scratch" / "runs" / "a", claimed=claimed) is None
+        assert claimed == [tmp_path / "scratch" / "runs", tmp_path / "scratch" / "runs" / "a"]
+    finally:
+        run_lock.release()

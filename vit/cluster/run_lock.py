@@ -96,8 +96,9 @@ def make(folder: Path, claimed: list[Path]) -> None:
     """Create ``folder`` and its missing parents; those this call created go into ``claimed``, outermost first."""
     for level in (*reversed(folder.parents), folder):
         try:
-            level.mkdir()
-            claimed.append(level)
+            if not level.is_dir():  # (mkdir may refuse a folder that exists: EACCES on autofs, on NFS)
+                level.mkdir()
+                claimed.append(level)
         except FileExistsError:
             if not level.is_dir():
                 raise RunError(f"{level} is not a folder (a link to one that is gone?): a run cannot be made in "
