@@ -315,54 +315,65 @@ def test_a_lock_whose_record_or_heartbeat_fails_is_given_up(failure, tmp_path, m
     run_lock.release()
 
 
+class OtherStart:
+    """Another start that takes a run folder, and writes its W&B id there, when a test says so."""
+
+    def __init__(self):
+        self.proc = None
+
+    def take(self, folder) -> None:
+        self.proc = hold(folder)
+        (folder / runs.WANDB_ID).write_text("holders\n")
+
+    def assert_kept(self, folder) -> None:
+        """``folder`` holds this start's lock and W&B id, and nothing else."""
+        assert sorted(p.name for p in folder.iterdir()) == [run_lock.LOCK, runs.WANDB_ID]
+        assert json.loads((folder / run_lock.LOCK).read_text())["pid"] == self.proc.pid
+
+
+@pytest.fixture
+def other_start():
+    other = OtherStart()
+    yield other
+    if other.proc is not None:
+        other.proc.kill()
+        other.proc.wait()
+
+
 def test_a_start_refused_by_a_holder_that_made_the_folder_meanwhile_leaves_the_holders_files(tmp_path, fake_cifar,
-                                                                                           capsys, monkeypatch):
+                                                                                           capsys, monkeypatch,
+                                                                                           other_start):
     """Two starts of one new --run at once: the first makes the folder, and the second takes its lock (and writes
     its W&B id) before the first does. The first is refused, and removes nothing of the holder's."""
-    run, holders = tmp_path / "runs" / "smoke" / "a", []
-    make = run_lock.make
+    run, make = tmp_path / "runs" / "smoke" / "a", run_lock.make
 
     def then_another_start_takes_it(folder, claimed):
         make(folder, claimed)
         if folder.absolute() == run:
-            holders.append(hold(run))
-            (run / runs.WANDB_ID).write_text("holders\n")
+            other_start.take(run)
 
     monkeypatch.setattr(run_lock, "make", then_another_start_takes_it)
-    try:
-        assert train_here(tmp_path, fake_cifar, "--run", "a") == 2
-        assert "is in use" in capsys.readouterr().err
-        assert sorted(p.name for p in run.iterdir()) == [run_lock.LOCK, runs.WANDB_ID]
-        assert json.loads((run / run_lock.LOCK).read_text())["pid"] == holders[0].pid
-    finally:
-        for proc in holders:
-            proc.kill()
-            proc.wait()
+    assert train_here(tmp_path, fake_cifar, "--run", "a") == 2
+    assert "is in use" in capsys.readouterr().err
+    other_start.assert_kept(run)
 
 
-def test_a_failed_start_leaves_a_folder_it_made_that_another_start_holds_now(tmp_path, capsys, monkeypatch):
+def test_a_failed_start_leaves_a_folder_it_made_that_another_start_holds_now(tmp_path, capsys, monkeypatch,
+                                                                             other_start):
     """--run x/a makes x; another start of --run x takes x (and writes its W&B id) before this one fails: this one
     removes its own x/a, and x, which another start holds, stays as it is."""
-    outer, holders = tmp_path / "runs" / "smoke" / "x", []
-    take = run_lock.take
+    outer, take = tmp_path / "runs" / "smoke" / "x", run_lock.take
 
     def then_another_start_takes_the_outer_folder(*args, **kwargs):
         said = take(*args, **kwargs)
-        holders.append(hold(outer))
-        (outer / runs.WANDB_ID).write_text("holders\n")
+        other_start.take(outer)
         return said
 
     monkeypatch.setattr(run_lock, "take", then_another_start_takes_the_outer_folder)
-    try:
-        assert train_here(tmp_path, None, "--run", "x/a", "--data.root", str(tmp_path / "empty"),
-                          "--data.download", "false") == 2
-        assert "cifar-10-batches-py" in capsys.readouterr().err
-        assert sorted(p.name for p in outer.iterdir()) == [run_lock.LOCK, runs.WANDB_ID]
-        assert json.loads((outer / run_lock.LOCK).read_text())["pid"] == holders[0].pid
-    finally:
-        for proc in holders:
-            proc.kill()
-            proc.wait()
+    assert train_here(tmp_path, None, "--run", "x/a", "--data.root", str(tmp_path / "empty"),
+                      "--data.download", "false") == 2
+    assert "cifar-10-batches-py" in capsys.readouterr().err
+    other_start.assert_kept(outer)
 
 
 @pytest.mark.parametrize("kind", ["SIGUSR1", "SIGINT"])
