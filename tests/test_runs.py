@@ -475,3 +475,36 @@ def test_a_requeued_attempt_goes_on_from_its_own_checkpoint_only(tmp_path, monke
     finally:
         run_lock.release()
     assert path.name == resumed
+
+
+@pytest.mark.parametrize("launch,restarts,variables", [
+    ("slurm-88", "SLURM_RESTART_COUNT", {"SLURM_NTASKS": "1", "SLURM_JOB_ID": "88", "SLURM_JOB_NAME": "train"}),
+    ("torchrun-abc", "TORCHELASTIC_RESTART_COUNT",
+     {"TORCHELASTIC_RUN_ID": "abc", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0", "WORLD_SIZE": "1"})])
+def test_a_launchs_second_training_command_is_refused_and_its_restart_goes_on_without_ckpt_path(
+        tmp_path, monkeypatch, launch, restarts, variables):
+    """In one SLURM job or torchrun launch (no --run), a second training command would write into the folder the
+    first one trained (its checkpoints, its W&B id): refused in one line before any folder is taken. Restarted
+    (attempt 1), a command without --ckpt_path goes on from the newest checkpoint the launch wrote instead of
+    training anew over it."""
+    from vit.cluster import run_lock
+    from vit.exits import RunError
+
+    no_launcher(monkeypatch)
+    for key, value in variables.items():
+        monkeypatch.setenv(key, value)
+    last = tmp_path / "runs" / launch / runs.CHECKPOINTS / "last.ckpt"
+    write(last, 12, saved=200.0)
+    torch.save({**load(last), "vit": {"launch": launch}}, last)
+    with pytest.raises(RunError) as refused:
+        runs.open_for_fit(tmp_path / "runs", None, None, {}, {}, [])
+    assert str(refused.value) == (f"{last.parents[1]} holds a run already, which an earlier command of this launch "
+                                  f"({launch}) trained: give each training command of a job its own --run NAME, or "
+                                  f"resume that run with --ckpt_path last")
+    assert not (last.parents[1] / run_lock.LOCK).exists()
+    monkeypatch.setenv(restarts, "1")
+    try:
+        run, (path, ckpt) = runs.open_for_fit(tmp_path / "runs", None, None, {}, {}, [])
+    finally:
+        run_lock.release()
+    assert (run, path, ckpt["global_step"]) == (last.parents[1], last, 12)

@@ -177,9 +177,11 @@ def resolve(root: Path, ckpt_path: str | None, name: str | None,
         return run, f"resuming from {ckpt}; this run writes into {run}", ""
     if fixed:
         run = root / fixed
-        if ckpt_path != "last" and name and last_checkpoint(run):
-            raise RunError(f"--run {name}: {run} holds a run already; resume it with --ckpt_path last, "
-                           f"or choose another name")
+        if ckpt_path != "last" and last_checkpoint(run):  # (a later attempt of its launch has chosen "last")
+            raise RunError(f"--run {name}: {run} holds a run already; resume it with --ckpt_path last, or choose "
+                           f"another name" if name else f"{run} holds a run already, which an earlier command of "
+                           f"this launch ({fixed}) trained: give each training command of a job its own --run NAME, "
+                           f"or resume that run with --ckpt_path last")
         return run, None, ""
     if ckpt_path == "last":
         run = newest_run(root)
@@ -258,9 +260,10 @@ def decide(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data
     from vit.models.checkpoints import check_checkpoint
 
     fixed = name or launch_name()
-    if ckpt_path not in (None, "last") and attempt() != "0" and fixed and own_newest(root / fixed):
+    if ckpt_path != "last" and attempt() != "0" and fixed and own_newest(root / fixed):
         rank_zero_info(f"attempt {attempt()} of this launch: it continues from its run folder's newest checkpoint, "
-                       f"which it wrote; --ckpt_path {ckpt_path} is where its first attempt started")
+                       f"which it wrote" + (f"; --ckpt_path {ckpt_path} is where its first attempt started"
+                                            if ckpt_path else ""))
         ckpt_path = "last"
     resume = None
     if ckpt_path not in (None, "last"):  # (checked before any folder is named, locked or made)
