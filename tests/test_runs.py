@@ -431,9 +431,10 @@ def test_a_run_restarted_from_an_earlier_checkpoint_and_preempted_resumes_on_its
         shutil.copy(checkpoints / "last.ckpt", checkpoints / "epoch0.ckpt")
         assert train_here(job, fake_cifar_session, *tiny, "--trainer.max_epochs", "2", "--ckpt_path", "last") == 0
         assert load(checkpoints / "last.ckpt")["global_step"] == 12
-        restart = ["--ckpt_path", "last", "--ckpt_path", str(checkpoints / "epoch0.ckpt")]  # as train.sbatch runs it
-        assert train_here(job, fake_cifar_session, *longer, *restart, "--trainer.callbacks+=callbacks.SignalAtBatch",
-                          "--trainer.callbacks.batch", "9", "--trainer.callbacks.signal", "SIGUSR1") == 4
+        restart = ["--ckpt_path", "last", "--ckpt_path", str(checkpoints / "epoch0.ckpt"),  # as train.sbatch runs it
+                   "--trainer.callbacks+=callbacks.SignalAtBatch", "--trainer.callbacks.batch", "9",
+                   "--trainer.callbacks.signal", "SIGUSR1"]  # (the resumed run's batches come after the 9th)
+        assert train_here(job, fake_cifar_session, *longer, *restart) == 4
         assert load(checkpoints / "step.ckpt")["global_step"] == 9
         assert load(checkpoints / "last.ckpt")["global_step"] == 12  # the abandoned branch's, with more steps
         caplog.clear()
@@ -481,30 +482,47 @@ def test_a_requeued_attempt_goes_on_from_its_own_checkpoint_only(tmp_path, monke
     ("slurm-88", "SLURM_RESTART_COUNT", {"SLURM_NTASKS": "1", "SLURM_JOB_ID": "88", "SLURM_JOB_NAME": "train"}),
     ("torchrun-abc", "TORCHELASTIC_RESTART_COUNT",
      {"TORCHELASTIC_RUN_ID": "abc", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0", "WORLD_SIZE": "1"})])
-def test_a_launchs_second_training_command_is_refused_and_its_restart_goes_on_without_ckpt_path(
+def test_a_launchs_second_training_command_is_refused_and_a_restart_goes_on_from_its_own_commands_run(
         tmp_path, monkeypatch, launch, restarts, variables):
-    """In one SLURM job or torchrun launch (no --run), a second training command would write into the folder the
-    first one trained (its checkpoints, its W&B id): refused in one line before any folder is taken. Restarted
-    (attempt 1), a command without --ckpt_path goes on from the newest checkpoint the launch wrote instead of
-    training anew over it."""
+    """In one SLURM job or torchrun launch (no --run), a second training command (another command line) would
+    write into the folder the first one trained (its checkpoints, its W&B id): refused in one line before any
+    folder is taken, from nothing or from a file elsewhere, in the first attempt and in a restart alike. The
+    first command restarted (attempt 1, the same command line) goes on from the newest checkpoint it wrote,
+    with or without --ckpt_path, instead of training anew over it; a file of the folder itself starts a branch."""
     from vit.cluster import run_lock
     from vit.exits import RunError
 
     no_launcher(monkeypatch)
     for key, value in variables.items():
         monkeypatch.setenv(key, value)
-    last = tmp_path / "runs" / launch / runs.CHECKPOINTS / "last.ckpt"
+    run = tmp_path / "runs" / launch
+    last = run / runs.CHECKPOINTS / "last.ckpt"
     write(last, 12, saved=200.0)
-    torch.save({**load(last), "vit": {"launch": launch}}, last)
-    with pytest.raises(RunError) as refused:
-        runs.open_for_fit(tmp_path / "runs", None, None, {}, {}, [])
-    assert str(refused.value) == (f"{last.parents[1]} holds a run already, which an earlier command of this launch "
-                                  f"({launch}) trained: give each training command of a job its own --run NAME, or "
-                                  f"resume that run with --ckpt_path last")
-    assert not (last.parents[1] / run_lock.LOCK).exists()
-    monkeypatch.setenv(restarts, "1")
-    try:
-        run, (path, ckpt) = runs.open_for_fit(tmp_path / "runs", None, None, {}, {}, [])
-    finally:
-        run_lock.release()
-    assert (run, path, ckpt["global_step"]) == (last.parents[1], last, 12)
+    first = runs.command_id(["--config", "smoke"])
+    torch.save({**load(last), "vit": {"launch": launch, "command": first}}, last)
+    elsewhere, earlier = tmp_path / "start.ckpt", run / runs.CHECKPOINTS / "epoch0.ckpt"
+    write(elsewhere, 4, saved=100.0)
+    write(earlier, 6, saved=150.0)
+    second = runs.command_id(["--config", "smoke", "--model.optimizer.lr", "0.002"])
+    refusal = (f"{run} holds a run already, which an earlier training command with this launch's name ({launch}) "
+               f"wrote: give this command its own folder with --run NAME, or continue that run with --ckpt_path last")
+
+    def opened(ckpt_path, command, attempt="0") -> tuple:
+        monkeypatch.setenv(restarts, attempt)
+        try:
+            run, resume = runs.open_for_fit(tmp_path / "runs", ckpt_path, None, {}, {}, [], command)
+        finally:
+            run_lock.release()
+        return run, resume and resume[0], resume and resume[1]["global_step"]
+
+    for attempt in ("0", "1"):
+        for ckpt_path in (None, str(elsewhere)):
+            with pytest.raises(RunError) as refused:
+                opened(ckpt_path, second, attempt)
+            assert str(refused.value) == refusal
+            assert not (run / run_lock.LOCK).exists()
+    assert opened(str(earlier), second) == (run, earlier, 6)  # (a branch of the same run, as the user asked)
+    for ckpt_path in (None, str(elsewhere), "last"):
+        assert opened(ckpt_path, first, "1") == (run, last, 12)
+    torch.save({**load(last), "vit": {"launch": launch}}, last)  # (an earlier version's: no command recorded)
+    assert opened(None, second, "1") == (run, last, 12)

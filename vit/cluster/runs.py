@@ -169,19 +169,22 @@ def resolve(root: Path, ckpt_path: str | None, name: str | None,
     """(run folder, line to print or None, "" or " (the newest run under ROOT)") for a fit. ``ckpt_path``: None
     (new run), "last" (the newest run, or run ``name``; ``decide`` picks the checkpoint once the folder is held),
     or a file (its own run folder if it sits in one). ``name``: a run folder under ``root`` chosen by the user.
-    A named folder is made as its lock is taken (run_lock.take). Folders it makes go into ``claimed``."""
+    A folder named by ``name`` or the launch that holds a run goes on with it: from "last", from one of its own
+    checkpoints, or (``name``) from a file; a start from nothing or, under the launch's name, from another file
+    is refused. A named folder is made as its lock is taken (run_lock.take). Folders it makes go into ``claimed``."""
     fixed = name or launch_name()
+    run = root / fixed if fixed else None
+    if run and ckpt_path != "last" and not (ckpt_path and (name or run_of(Path(ckpt_path)) == run.resolve())) \
+            and last_checkpoint(run):
+        raise RunError(f"--run {name}: {run} holds a run already; resume it with --ckpt_path last, or choose "
+                       f"another name" if name else f"{run} holds a run already, which an earlier training "
+                       f"command with this launch's name ({fixed}) wrote: give this command its own folder with "
+                       f"--run NAME, or continue that run with --ckpt_path last")
     if ckpt_path and ckpt_path != "last":
         ckpt = Path(ckpt_path)
-        run = root / fixed if fixed else run_of(ckpt) or claim_new_version(root, claimed)
+        run = run or run_of(ckpt) or claim_new_version(root, claimed)
         return run, f"resuming from {ckpt}; this run writes into {run}", ""
-    if fixed:
-        run = root / fixed
-        if ckpt_path != "last" and last_checkpoint(run):  # (a later attempt of its launch has chosen "last")
-            raise RunError(f"--run {name}: {run} holds a run already; resume it with --ckpt_path last, or choose "
-                           f"another name" if name else f"{run} holds a run already, which an earlier command of "
-                           f"this launch ({fixed}) trained: give each training command of a job its own --run NAME, "
-                           f"or resume that run with --ckpt_path last")
+    if run:
         return run, None, ""
     if ckpt_path == "last":
         run = newest_run(root)
@@ -192,14 +195,22 @@ def resolve(root: Path, ckpt_path: str | None, name: str | None,
     return claim_new_version(root, claimed), None, ""
 
 
-def own_newest(run: Path) -> bool:
-    """Whether this launch (any attempt) wrote the newest readable checkpoint of ``run``."""
+def command_id(argv: list[str]) -> str:
+    """The command line's digest, alike in every attempt of a launch: which of a launch's commands wrote a checkpoint."""
+    import hashlib
+
+    return hashlib.sha256("\0".join(map(str, argv)).encode()).hexdigest()[:16]
+
+
+def own_newest(run: Path, command: str | None) -> bool:
+    """Whether this command of this launch (any attempt) wrote the newest readable checkpoint of ``run``."""
     try:
         found = newest_readable(run)
     except RunError:
         return False
     vit = found[1].get("vit") if found is not None else None
-    return isinstance(vit, dict) and launch_name() is not None and vit.get("launch") == launch_name()
+    return isinstance(vit, dict) and launch_name() is not None and vit.get("launch") == launch_name() and \
+        vit.get("command", command) == command  # (an earlier version's checkpoint records no command)
 
 
 def place_outputs(cfg, run: Path, known_wandb_id: str | None) -> None:
@@ -222,7 +233,7 @@ def place_outputs(cfg, run: Path, known_wandb_id: str | None) -> None:
 
 
 def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data: dict,
-                 claimed: list[Path]) -> tuple[Path, tuple[Path, dict] | None]:
+                 claimed: list[Path], command: str | None = None) -> tuple[Path, tuple[Path, dict] | None]:
     """The fit's run folder and resume checkpoint (path, contents; None: new run), decided once by process 0
     (``decide``) and handed on: over the process group when a launcher started the processes (launch.join_group),
     through ``ENV``/``RESUMES`` when Lightning spawns them afterwards. Process 0's refusal is every process's."""
@@ -235,7 +246,7 @@ def open_for_fit(root: Path, ckpt_path: str | None, name: str | None, arch: dict
         decided: list = []  # process 0's (run, (checkpoint, its contents))
 
         def on_zero() -> tuple[Path, tuple[Path, dict] | None]:
-            decided.append(decide(root, ckpt_path, name, arch, data, claimed))
+            decided.append(decide(root, ckpt_path, name, arch, data, claimed, command))
             run, resume = decided[0]
             return run, resume and (resume[0], what_the_others_read(resume[1], module_key(data)))
 
@@ -250,7 +261,7 @@ def what_the_others_read(ckpt: dict, data_key: str) -> dict:
 
 
 def decide(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data: dict,
-           claimed: list[Path]) -> tuple[Path, tuple[Path, dict] | None]:
+           claimed: list[Path], command: str | None = None) -> tuple[Path, tuple[Path, dict] | None]:
     """Process 0's decision: the run folder, locked (run_lock), and the resume checkpoint, checked against ``arch``
     and ``data``; created folders go into ``claimed``. A later attempt resumes from its own newest checkpoint,
     whatever ``ckpt_path`` said. Drafts of killed saves are deleted last: no save can be running yet."""
@@ -260,7 +271,7 @@ def decide(root: Path, ckpt_path: str | None, name: str | None, arch: dict, data
     from vit.models.checkpoints import check_checkpoint
 
     fixed = name or launch_name()
-    if ckpt_path != "last" and attempt() != "0" and fixed and own_newest(root / fixed):
+    if ckpt_path != "last" and attempt() != "0" and fixed and own_newest(root / fixed, command):
         rank_zero_info(f"attempt {attempt()} of this launch: it continues from its run folder's newest checkpoint, "
                        f"which it wrote" + (f"; --ckpt_path {ckpt_path} is where its first attempt started"
                                             if ckpt_path else ""))

@@ -241,7 +241,8 @@ class ViTCLI(LightningCLI):
                     gpus.nccl_errors_reach_python()
                 launch.join_group(backend, cfg.ddp_timeout + Watchdog.BACKSTOP)
             model = {**vars(cfg.model.arch), "ema": cfg.model.ema_decay is not None}  # (what shapes the weights)
-            run, self.resume = runs.open_for_fit(root, cfg.ckpt_path, cfg.run, model, data, self.claimed)
+            run, self.resume = runs.open_for_fit(root, cfg.ckpt_path, cfg.run, model, data, self.claimed,
+                                                 runs.command_id(self.argv))
             launch.apply_allocation(cfg.trainer)
         os.environ[runs.ENV] = str(run)  # inherited by the processes Lightning's DDP launcher starts
         os.environ[runs.RESUMES] = str(self.resume[0]) if self.resume else ""
@@ -274,7 +275,8 @@ class ViTCLI(LightningCLI):
         configured = config.get("callbacks") or []
         configured = configured if isinstance(configured, list) else [configured]
         kwargs["callbacks"] = [*configured, *run_callbacks(config, configured, self.config.step_checkpoint_minutes,
-                                                           self.config.stop_after_minutes, self.config.ddp_timeout)]
+                                                           self.config.stop_after_minutes, self.config.ddp_timeout,
+                                                           runs.command_id(self.argv))]
         if any(isinstance(c, StepEndTimer) for c in kwargs["callbacks"]):
             kwargs["max_time"] = None  # (StepEndTimer enforces it instead of Lightning's Timer)
         return super().instantiate_trainer(**kwargs)

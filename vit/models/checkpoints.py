@@ -302,6 +302,7 @@ FIELDS = {
     ("vit", "class_names"): texts,
     ("vit", "launch"): optional(is_a(str)),
     ("vit", "wandb_run_id"): optional(is_a(str)),
+    ("vit", "command"): optional(is_a(str)),
     ("global_step",): whole,
     ("hyper_parameters", "arch"): is_a(dict),
     ("hyper_parameters", "_removed"): lambda value: isinstance(value, dict) and set(value) <= CHANGED,

@@ -264,18 +264,23 @@ class LogConfig(SaveConfigCallback):
 
 
 class WandbRunId(L.Callback):
-    """Store the W&B run id and the launch (a SLURM job) in every checkpoint, so that a resume logs into the
-    same W&B run and a requeued job knows its own checkpoints."""
+    """Store the W&B run id, the launch (a SLURM job) and the digest of the command (``runs.command_id``) in every
+    checkpoint, so that a resume logs into the same W&B run and a requeued command knows its own checkpoints."""
+
+    def __init__(self, command: str | None = None):
+        self.command = command
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint):
         from vit.cluster.launch import launch_name
 
         wandb = wandb_logger(trainer.loggers)
-        checkpoint.setdefault("vit", {}).update(wandb_run_id=wandb.version if wandb else None, launch=launch_name())
+        checkpoint.setdefault("vit", {}).update(wandb_run_id=wandb.version if wandb else None, launch=launch_name(),
+                                                command=self.command)
 
 
 def run_callbacks(trainer: dict, configured: list, step_checkpoint_minutes: float | None,
-                  stop_after_minutes: float | None, stuck_seconds: float) -> list[L.Callback]:
+                  stop_after_minutes: float | None, stuck_seconds: float,
+                  command: str | None = None) -> list[L.Callback]:
     """Every run's own callbacks (watchdog, exact resume, stops, clock, agreement of the processes, ...),
     attached here and nowhere else; a recipe lists only optional ones."""
     from pathlib import Path
@@ -293,7 +298,7 @@ def run_callbacks(trainer: dict, configured: list, step_checkpoint_minutes: floa
 
     # order matters: Agreement after StopOnNonFinite (its flag) and TrainingClock (a preemption checkpoint's count)
     callbacks = [Watchdog(stuck_seconds), EpochSeed(), RNGStates(), DataSplit(), StopOnNonFinite(),
-                 TrainingClock(), StopOnSignal(), Agreement(), WandbRunId()]
+                 TrainingClock(), StopOnSignal(), Agreement(), WandbRunId(command)]
     if trainer.get("logger", True) not in (False, []):
         callbacks.append(LearningRateMonitor("step"))
     if trainer.get("enable_progress_bar") is not False and \
